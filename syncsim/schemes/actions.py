@@ -1,0 +1,92 @@
+"""The vocabulary of sync actions a policy emits and both executors carry out.
+
+A policy turns (step, steps) into a tuple of actions for one worker. The
+simulator times them on modelled GPUs and links; the real executor performs
+them with torch.distributed. Neither decides *what* to do: they only know how
+to do each action below. Payload sizes are bytes on the wire (precision
+applied), so both sides count the same traffic.
+
+Semantics every executor honours:
+
+- ``Compute``: forward and backward of one minibatch on the worker's current
+  parameters (its replica, or the version it last pulled).
+- ``AllReduceGradients``: average gradients over all workers, bucket by bucket
+  in the listed order; every replica then applies the mean. One new version.
+- ``LocalUpdate``: the worker applies its own gradient to its own replica.
+- ``AverageParameters``: average the replicas' parameters over all workers.
+  One new version.
+- ``Push``: send the gradient to the parameter servers (sharded evenly). The
+  servers weigh each worker's gradient by 1/W (W workers), so every mode
+  applies the same total per round and modes differ only in *when* gradients
+  land. With ``aggregate=True`` (synchronous PS) a round's W gradients are
+  applied together as one version; otherwise each is applied on arrival, one
+  version each.
+- ``WaitForClock``: block until the slowest worker's clock (completed pushes)
+  is at least this worker's clock minus ``slack``; slack 0 is a barrier.
+- ``Pull``: fetch the current parameters from the servers; the next gradient
+  reads the version that was current when the pull started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "Action", "Compute", "AllReduceGradients", "LocalUpdate", "AverageParameters",
+    "Push", "WaitForClock", "Pull",
+]
+
+
+@dataclass(frozen=True)
+class Action:
+    kind = "action"
+
+
+@dataclass(frozen=True)
+class Compute(Action):
+    kind = "compute"
+
+
+@dataclass(frozen=True)
+class AllReduceGradients(Action):
+    buckets: tuple[float, ...]
+    """Wire bytes of each bucket, in the order buckets become ready during backward."""
+    ready: tuple[float, ...]
+    """Fraction of the compute after which each bucket is ready (1.0 = at the end)."""
+    algorithm: str
+    kind = "allreduce"
+
+    @property
+    def nbytes(self) -> float:
+        return float(sum(self.buckets))
+
+
+@dataclass(frozen=True)
+class LocalUpdate(Action):
+    kind = "local_update"
+
+
+@dataclass(frozen=True)
+class AverageParameters(Action):
+    nbytes: float
+    algorithm: str
+    kind = "average"
+
+
+@dataclass(frozen=True)
+class Push(Action):
+    nbytes: float
+    aggregate: bool
+    kind = "push"
+
+
+@dataclass(frozen=True)
+class WaitForClock(Action):
+    slack: int
+    kind = "wait"
+
+
+@dataclass(frozen=True)
+class Pull(Action):
+    nbytes: float
+    kind = "pull"

@@ -1,0 +1,137 @@
+"""The base of every scheme spec, and the one string grammar that names them.
+
+``NAME[:key=value,...]``, e.g. ``allreduce:algorithm=tree,precision=fp16``,
+``ps:mode=async``, ``ps:staleness=2``, ``localsgd:period=8``. ``str(spec)``
+writes the canonical form (defaults omitted) and ``parse`` reads it back, so
+the same text names a scheme in CLIs, studies and CSV columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from syncsim.config import check_choice
+from syncsim.units import parse_size
+
+__all__ = ["Scheme", "parse", "register", "SCHEMES", "PRECISIONS", "WIRE_BYTES_PER_VALUE"]
+
+# Bytes per gradient/parameter value on the wire for each precision.
+WIRE_BYTES_PER_VALUE = {"fp32": 4, "fp16": 2, "bf16": 2}
+PRECISIONS = tuple(WIRE_BYTES_PER_VALUE)
+
+SCHEMES: dict[str, type[Scheme]] = {}
+
+
+def register(cls: type[Scheme]) -> type[Scheme]:
+    SCHEMES[cls.name] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """Knobs shared by every scheme.
+
+    ``precision`` is the format of what crosses the wire (fp32 master weights
+    stay on the workers); ``amp`` means forward/backward under autocast, which
+    changes compute time (measure it with ``real.calibrate --amp``), not bytes.
+    """
+
+    name: ClassVar[str] = "scheme"
+    precision: str = "fp32"
+    amp: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice(type(self).__name__, "precision", self.precision, PRECISIONS)
+        if not isinstance(self.amp, bool):
+            raise ValueError(f"{type(self).__name__}.amp must be true or false, got {self.amp!r}")
+
+    @property
+    def wire_ratio(self) -> float:
+        """Bytes on the wire per fp32 byte."""
+        return WIRE_BYTES_PER_VALUE[self.precision] / 4
+
+    def policy(self, layer_bytes: tuple[float, ...]) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def canonical_fields(self) -> dict[str, Any]:
+        """Fields that differ from their defaults: what ``str`` writes."""
+        # the scheme's own knobs first, then the shared precision/amp
+        base = {f.name for f in dataclasses.fields(Scheme)}
+        ordered = sorted(dataclasses.fields(self), key=lambda f: f.name in base)
+        return {f.name: getattr(self, f.name) for f in ordered if getattr(self, f.name) != f.default}
+
+    def __str__(self) -> str:
+        fields = self.canonical_fields()
+        if not fields:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={_format(k, v)}" for k, v in fields.items())
+
+
+def _format(key: str, value: Any) -> str:
+    if "bytes" in key and isinstance(value, float):
+        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if value >= scale and (value / scale).is_integer():
+                return f"{int(value / scale)}{unit}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _convert(scheme: str, key: str, text: str, default: Any, annotation: str) -> Any:
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    if "bool" in annotation:
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"scheme {scheme!r}: {key} must be true or false, got {text!r}")
+    if "bytes" in key:
+        return parse_size(text, f"{scheme}.{key}")
+    if "int" in annotation:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"scheme {scheme!r}: {key} must be an integer, got {text!r}") from None
+    if "float" in annotation:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"scheme {scheme!r}: {key} must be a number, got {text!r}") from None
+    return text.strip()
+
+
+def parse(text: str | Scheme) -> Scheme:
+    """A scheme from its string form, e.g. ``parse("ps:staleness=2")``."""
+    if isinstance(text, Scheme):
+        return text
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"a scheme is written NAME[:key=value,...] with NAME in {', '.join(SCHEMES)}; got {text!r}")
+    name, _, rest = text.strip().partition(":")
+    name = name.strip().lower()
+    if name not in SCHEMES:
+        raise ValueError(f"unknown scheme {name!r} in {text!r}; choose one of {', '.join(SCHEMES)}")
+    cls = SCHEMES[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ValueError(f"scheme {name!r}: expected key=value, got {item!r}")
+        if key not in fields:
+            raise ValueError(f"scheme {name!r} has no option {key!r}; options: {', '.join(fields)}")
+        if key in kwargs:
+            raise ValueError(f"scheme {name!r}: option {key!r} given twice")
+        kwargs[key] = _convert(name, key, value, fields[key].default, str(fields[key].type))
+    return cls(**kwargs)

@@ -1,0 +1,205 @@
+"""What one worker computes per step: parameter bytes, compute time, batch size.
+
+A workload's ``compute_time`` is one forward+backward pass of ``batch_size``
+samples on one nominal GPU; ``backward_fraction`` of it is the backward pass,
+which is when gradient buckets become ready for overlapped all-reduce.
+``layers`` lists parameter bytes per layer in forward order, so buckets can be
+formed as DDP does (in reverse order, as gradients appear during backward).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from syncsim.config import check_float, check_int, check_positive
+from syncsim.units import parse_size, parse_time
+
+__all__ = ["Workload", "WORKLOAD_PRESETS", "estimate_step_time"]
+
+FP32_BYTES = 4
+
+# Backward costs about twice the forward (one matmul for input gradients, one
+# for weight gradients): the usual 1:2 split behind the 6·N·tokens training
+# FLOP count of Kaplan et al. 2020, "Scaling Laws for Neural Language Models".
+DEFAULT_BACKWARD_FRACTION = 2.0 / 3.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    param_bytes: float | str
+    """Bytes of parameters (fp32 master copy) = bytes of one full gradient."""
+    compute_time: float | str
+    """Seconds for one forward+backward of ``batch_size`` samples on a speed-1.0 GPU."""
+    batch_size: int = 32
+    """Samples per worker per step."""
+    layers: tuple[float, ...] | None = None
+    """Parameter bytes per layer, forward order; must sum to ``param_bytes``."""
+    backward_fraction: float = DEFAULT_BACKWARD_FRACTION
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        owner = "Workload"
+        layers = self.layers
+        if layers is not None:
+            if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+                raise ValueError(f"Workload.layers must be a sequence of per-layer byte counts, got {layers!r}")
+            layers = tuple(parse_size(b, f"Workload.layers[{i}]") for i, b in enumerate(layers))
+            if not layers or any(b <= 0 for b in layers):
+                raise ValueError("Workload.layers must be a non-empty sequence of positive byte counts")
+        param_bytes = sum(layers) if self.param_bytes is None and layers else parse_size(
+            self.param_bytes, "Workload.param_bytes")
+        object.__setattr__(self, "param_bytes", check_positive(owner, "param_bytes", param_bytes))
+        if layers is not None and abs(sum(layers) - param_bytes) > 1e-6 * param_bytes:
+            raise ValueError(f"Workload.layers sum to {sum(layers):g} bytes but param_bytes is {param_bytes:g}")
+        object.__setattr__(self, "layers", layers)
+        compute_time = parse_time(self.compute_time, "Workload.compute_time")
+        object.__setattr__(self, "compute_time", check_positive(owner, "compute_time", compute_time))
+        object.__setattr__(self, "batch_size", check_int(owner, "batch_size", self.batch_size, 1))
+        object.__setattr__(self, "backward_fraction",
+                           check_float(owner, "backward_fraction", self.backward_fraction, low=0.0, high=1.0))
+
+    @property
+    def params(self) -> int:
+        """Number of fp32 parameters."""
+        return int(round(self.param_bytes / FP32_BYTES))  # type: ignore[operator]
+
+    @property
+    def layer_bytes(self) -> tuple[float, ...]:
+        """Per-layer bytes; one layer holding everything when ``layers`` is not given."""
+        return self.layers if self.layers is not None else (self.param_bytes,)  # type: ignore[return-value]
+
+    def replace(self, **changes: Any) -> Workload:
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+    # -- constructors ---------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> Workload:
+        """A sourced model (see ``WORKLOAD_PRESETS``); ``overrides`` replace fields."""
+        if name not in WORKLOAD_PRESETS:
+            raise ValueError(f"unknown workload preset {name!r}; choose one of {', '.join(sorted(WORKLOAD_PRESETS))}")
+        spec = dict(WORKLOAD_PRESETS[name])
+        spec.update(overrides)
+        return cls(name=name, **spec)
+
+    @classmethod
+    def from_torch(cls, module: Any, example_input: Any, *, repeats: int = 5, warmup: int = 2,
+                   name: str | None = None) -> Workload:
+        """Per-layer parameter bytes of ``module`` and its forward/backward time measured here.
+
+        ``example_input`` is one batch (its first dimension is the batch size).
+        The loss is the sum of the outputs: the backward cost does not depend on
+        which scalar is differentiated.
+        """
+        import torch  # lazily: the simulator itself never needs torch
+
+        repeats = check_int("Workload.from_torch", "repeats", repeats, 1)
+        layers = [p.numel() * p.element_size() for p in module.parameters() if p.requires_grad]
+        if not layers:
+            raise ValueError("Workload.from_torch: the module has no trainable parameters")
+        batch = int(example_input.shape[0])
+        forward, backward = [], []
+        for i in range(warmup + repeats):
+            module.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            out = module(example_input)
+            loss = out.float().sum()
+            t1 = time.perf_counter()
+            loss.backward()
+            if example_input.is_cuda:
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if i >= warmup:
+                forward.append(t1 - t0)
+                backward.append(t2 - t1)
+        fwd, bwd = sorted(forward)[len(forward) // 2], sorted(backward)[len(backward) // 2]
+        return cls(param_bytes=float(sum(layers)), compute_time=fwd + bwd, batch_size=batch,
+                   layers=tuple(float(b) for b in layers), backward_fraction=bwd / (fwd + bwd),
+                   name=name or type(module).__name__.lower())
+
+    # -- serialisation ------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Workload:
+        data = dict(data)
+        if "workload" in data and isinstance(data["workload"], dict):
+            data = dict(data["workload"])
+        if data.get("layers") is not None:
+            data["layers"] = tuple(data["layers"])
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"Workload has no field(s) {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Workload:
+        """Load a workload written by ``to_json`` or by ``python -m real.calibrate`` (its "workload" key)."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+
+# -- presets --------------------------------------------------------------------
+# Reference GPU: NVIDIA A100, 312 TFLOP/s dense bf16/fp16 (A100 datasheet).
+A100_PEAK_FLOPS = 312e12
+
+
+def estimate_step_time(train_flops_per_sample: float, batch_size: int, mfu: float,
+                       peak_flops: float = A100_PEAK_FLOPS) -> float:
+    """Seconds for one step: training FLOPs / (peak × model-FLOPs utilisation).
+
+    Same accounting as nanoGPT's ``estimate_mfu`` and PaLM's MFU (Chowdhery et
+    al. 2022, appendix B): training FLOPs = 3 × forward FLOPs.
+    """
+    return train_flops_per_sample * batch_size / (peak_flops * mfu)
+
+
+def _conv_layers() -> tuple[float, ...]:
+    # The seed article's LeNet, corrected for 28×28 MNIST: conv 1→20 (5×5),
+    # pool, conv 20→50 (5×5), pool leaves 50×4×4 = 800 features (not 4450),
+    # then Linear(800, 500) and Linear(500, 10). Parameters per layer
+    # (weights + biases), fp32 bytes.
+    params = (20 * 1 * 5 * 5 + 20, 50 * 20 * 5 * 5 + 50, 800 * 500 + 500, 500 * 10 + 10)
+    return tuple(float(FP32_BYTES * p) for p in params)
+
+
+# Model FLOP utilisation assumptions: convolutional nets train far below
+# tensor-core peak (batch norm and activations are memory-bound), ~10% on
+# A100, in line with the ~2,600 img/s mixed-precision ResNet-50 throughput
+# NVIDIA publishes for one A100 (DeepLearningExamples, ResNet50 v1.5);
+# transformer pre-training reaches 35-50% (Narayanan et al. 2021, "Efficient
+# Large-Scale Language Model Training on GPU Clusters", report 52% at scale).
+_CNN_MFU = 0.10
+_TRANSFORMER_MFU = 0.35
+
+WORKLOAD_PRESETS: dict[str, dict] = {
+    # LeNet: 431,080 parameters (counted above); 2.3 MFLOP forward per 28×28
+    # image. Far too small to fill a GPU: a step is bound by ~30 kernel
+    # launches at ~10 us each, so 1 ms is the reference step time.
+    "lenet": dict(param_bytes=sum(_conv_layers()), layers=_conv_layers(), compute_time=1e-3, batch_size=64),
+    # ResNet-50: 25,557,032 parameters and 4.09 GFLOPs forward per 224×224
+    # image (torchvision model card, ResNet50_Weights.IMAGENET1K_V1).
+    "resnet50": dict(param_bytes=25_557_032 * FP32_BYTES,
+                     compute_time=estimate_step_time(3 * 4.09e9, 64, _CNN_MFU), batch_size=64),
+    # VGG-16: 138,357,544 parameters and 15.47 GFLOPs forward per image
+    # (torchvision model card, VGG16_Weights.IMAGENET1K_V1).
+    "vgg16": dict(param_bytes=138_357_544 * FP32_BYTES,
+                  compute_time=estimate_step_time(3 * 15.47e9, 64, _CNN_MFU), batch_size=64),
+    # BERT-large: 336M parameters (Devlin et al. 2019 quote 340M); training
+    # FLOPs 6·N per token (Kaplan et al. 2020); sequence length 128 (phase 1).
+    "bert-large": dict(param_bytes=336_000_000 * FP32_BYTES,
+                       compute_time=estimate_step_time(6 * 336e6 * 128, 32, _TRANSFORMER_MFU), batch_size=32),
+    # GPT-2 (124M): 124,439,808 parameters (nanoGPT's count for the 124M
+    # model); 6·N FLOPs per token, 1,024-token sequences.
+    "gpt2": dict(param_bytes=124_439_808 * FP32_BYTES,
+                 compute_time=estimate_step_time(6 * 124_439_808 * 1024, 8, _TRANSFORMER_MFU), batch_size=8),
+}
