@@ -1,0 +1,112 @@
+"""Collectives over all workers, carried out on the simulated cluster.
+
+Every worker joins the same sequence of collectives (as with NCCL or MPI
+communicators). A collective starts each bucket when the last worker has
+produced it and the previous collective on the communicator has finished:
+collectives run one after another, as on NCCL's single stream per
+communicator, so they never contend with each other for the links. Each bucket
+takes the closed-form time of its algorithm (``syncsim.collectives``), which is
+exact for the uncontended homogeneous case.
+
+One shared SimPy event per collective resumes all W workers; the per-worker
+bookkeeping is vectorised over workers, so a step of W workers costs O(W)
+array work and a single scheduled event.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from syncsim.cluster import Cluster
+from syncsim.collectives import allreduce_time
+from syncsim.recorder import KIND_CODE, Recorder
+
+__all__ = ["Communicator"]
+
+_COMPUTE = KIND_CODE["compute"]
+
+
+class _Pending:
+    __slots__ = ("kind", "step", "buckets", "ready", "algorithm", "base", "span", "computed", "arrived", "done")
+
+    def __init__(self, env: simpy.Environment, workers: int, kind: str, step: int, buckets: tuple[float, ...],
+                 ready: tuple[float, ...], algorithm: str) -> None:
+        self.kind = kind
+        self.step = step
+        self.buckets = buckets
+        self.ready = np.asarray(ready, dtype=float)
+        self.algorithm = algorithm
+        self.base = np.empty(workers)      # when each worker's contribution starts being produced
+        self.span = np.zeros(workers)      # how long producing it takes (compute time, or 0)
+        self.computed = np.zeros(workers, dtype=bool)  # whether a compute row is owed to the trace
+        self.arrived = 0
+        self.done = env.event()
+
+
+class Communicator:
+    def __init__(self, env: simpy.Environment, cluster: Cluster, recorder: Recorder, state: object) -> None:
+        self.env = env
+        self.cluster = cluster
+        self.workers = cluster.gpus
+        self.recorder = recorder
+        self.state = state          # shared model state: .version, .read[worker]
+        self.free_at = 0.0          # when the communicator's previous collective finished
+        self._pending: _Pending | None = None
+        self._cost: dict[tuple[str, float], float] = {}
+        self._all = np.arange(self.workers)
+
+    def cost(self, algorithm: str, nbytes: float) -> float:
+        key = (algorithm, nbytes)
+        cost = self._cost.get(key)
+        if cost is None:
+            cost = self._cost[key] = allreduce_time(algorithm, nbytes, self.cluster)
+        return cost
+
+    def join(self, worker: int, step: int, kind: str, buckets: tuple[float, ...], ready: tuple[float, ...],
+             algorithm: str, base: float, span: float, computed: bool) -> simpy.Event:
+        """Contribute to the current collective; returns the event that fires when it completes.
+
+        Bucket b of this worker is ready at ``base + span * ready[b]``;
+        ``computed`` says the span is a compute phase whose trace row the
+        collective records (vectorised) on the worker's behalf.
+        """
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = _Pending(self.env, self.workers, kind, step, buckets, ready, algorithm)
+        pending.base[worker] = base
+        pending.span[worker] = span
+        pending.computed[worker] = computed
+        pending.arrived += 1
+        if pending.arrived == self.workers:
+            self._pending = None
+            self._complete(pending)
+        return pending.done
+
+    def _complete(self, pending: _Pending) -> None:
+        env, recorder, state = self.env, self.recorder, self.state
+        # ready[w, b] = base[w] + span[w] * ready[b]; bucket b can start once every worker has it.
+        bucket_ready = (pending.base[:, None] + pending.span[:, None] * pending.ready[None, :]).max(axis=0)
+        clock = self.free_at
+        first = None
+        for b, nbytes in enumerate(pending.buckets):
+            start = max(clock, bucket_ready[b])
+            if first is None:
+                first = start
+            clock = start + self.cost(pending.algorithm, nbytes)
+        end = clock
+        self.free_at = end
+        workers = self._all
+        if pending.computed.any():
+            who = workers[pending.computed]
+            recorder.events(who, pending.step, _COMPUTE, pending.base[pending.computed],
+                            (pending.base + pending.span)[pending.computed], 0.0)
+        recorder.events(workers, pending.step, KIND_CODE[pending.kind], first, end, float(sum(pending.buckets)))
+        state.collective_done(pending.kind, pending.step, end)
+        env.schedule(_triggered(pending.done), delay=end - env.now)
+
+
+def _triggered(event: simpy.Event) -> simpy.Event:
+    event._ok = True
+    event._value = None
+    return event

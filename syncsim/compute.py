@@ -1,0 +1,64 @@
+"""Per-(step, worker) compute times: speed factors, jitter and stragglers, drawn reproducibly.
+
+Times are drawn in blocks of steps from generators seeded by (seed, block), so
+the time of (step, worker) depends only on the seed, never on the order in
+which a simulation happens to ask for it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from syncsim.cluster import Cluster
+from syncsim.workload import Workload
+
+__all__ = ["ComputeTimes"]
+
+BLOCK_STEPS = 64
+
+
+class ComputeTimes:
+    def __init__(self, cluster: Cluster, workload: Workload, seed: int) -> None:
+        self.workers = cluster.gpus
+        base = np.full(self.workers, float(workload.compute_time))  # type: ignore[arg-type]
+        if cluster.speed is not None:
+            base = base / np.asarray(cluster.speed, dtype=float)
+        self.base = base
+        self.seed = int(seed)
+        # Lognormal noise with mean 1 and coefficient of variation ``jitter``:
+        # sigma^2 = ln(1 + cv^2), mu = -sigma^2 / 2 (moments of the lognormal).
+        self.sigma = math.sqrt(math.log1p(cluster.jitter**2)) if cluster.jitter > 0 else 0.0
+        self.straggler_prob = cluster.straggler_prob
+        self.slowdown = cluster.straggler_slowdown
+        self._blocks: dict[int, np.ndarray] = {}
+        # Keep about 256 MiB of drawn times; workers of an asynchronous run can
+        # drift apart by many blocks, so evict only under memory pressure.
+        self.max_blocks = max(4, (32 * 2**20) // (BLOCK_STEPS * self.workers))
+        self.random = self.sigma > 0 or (self.straggler_prob > 0 and self.slowdown > 1)
+
+    def block(self, index: int) -> np.ndarray:
+        """Compute times of steps [index·64, index·64 + 64) for every worker, shape (64, workers)."""
+        block = self._blocks.get(index)
+        if block is None:
+            times = np.broadcast_to(self.base, (BLOCK_STEPS, self.workers)).copy()
+            if self.random:
+                rng = np.random.default_rng([self.seed, index])
+                if self.sigma > 0:
+                    times *= rng.lognormal(-self.sigma**2 / 2, self.sigma, size=times.shape)
+                if self.straggler_prob > 0 and self.slowdown > 1:
+                    times[rng.random(times.shape) < self.straggler_prob] *= self.slowdown
+            block = times
+            self._blocks[index] = block
+            if len(self._blocks) > self.max_blocks:
+                # Evict the oldest; asking for it again regenerates the same values.
+                self._blocks.pop(min(self._blocks))
+        return block
+
+    def __call__(self, step: int, worker: int) -> float:
+        return float(self.block(step // BLOCK_STEPS)[step % BLOCK_STEPS, worker])
+
+    def step(self, step: int) -> np.ndarray:
+        """All workers' compute times of ``step``."""
+        return self.block(step // BLOCK_STEPS)[step % BLOCK_STEPS]

@@ -1,0 +1,183 @@
+"""The SimPy engine: one process per worker carrying out its policy's plan, step by step.
+
+The engine knows how to perform each *action* (syncsim.schemes.actions) on the
+modelled cluster; it never looks at which scheme produced the plan.
+
+Compute is taken lazily: a ``Compute`` action only notes when the worker's
+gradient will be ready. The next action decides how to wait for it: a
+collective folds the compute into its own schedule (overlapping buckets with
+backward), anything else waits until the compute has finished. This keeps a
+synchronous step at one scheduled event for all W workers instead of W.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from syncsim.cluster import Cluster
+from syncsim.communicator import Communicator
+from syncsim.compute import BLOCK_STEPS, ComputeTimes
+from syncsim.config import check_int
+from syncsim.recorder import KIND_CODE, Recorder
+from syncsim.result import SimResult
+from syncsim.schemes import (
+    AllReduceGradients, AverageParameters, Compute, LocalUpdate, Pull, Push, Scheme, WaitForClock, parse,
+)
+from syncsim.server import ServerGroup
+from syncsim.workload import Workload
+
+__all__ = ["simulate"]
+
+_COMPUTE, _PUSH, _PULL, _WAIT = (KIND_CODE[k] for k in ("compute", "push", "pull", "wait"))
+
+
+class _ModelState:
+    """The authoritative version, and which version each worker's next gradient reads."""
+
+    def __init__(self, workers: int, recorder: Recorder) -> None:
+        self.version = 0
+        self.read = [0] * workers
+        self.recorder = recorder
+        self.workers = np.arange(workers)
+        self.local: list[list[int]] = [[] for _ in range(workers)]  # local steps not yet averaged
+
+    def collective_done(self, kind: str, step: int, time: float) -> None:
+        version = self.version
+        if kind == "allreduce":
+            self.recorder.updates(self.workers, step, version, version, time)
+        else:  # parameter averaging folds every worker's local steps into the new version
+            for w, steps in enumerate(self.local):
+                if steps:
+                    self.recorder.updates(np.full(len(steps), w), np.asarray(steps), version, version, time)
+                    steps.clear()
+        self.version = version + 1
+        for w in range(len(self.read)):
+            self.read[w] = version + 1
+
+
+class _Run:
+    def __init__(self, cluster: Cluster, workload: Workload, scheme: Scheme, steps: int, seed: int) -> None:
+        self.env = env = simpy.Environment()
+        self.steps = steps
+        self.workers = cluster.gpus
+        self.recorder = Recorder()
+        self.state = _ModelState(self.workers, self.recorder)
+        self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
+        self.times = ComputeTimes(cluster, workload, seed)
+        self.comm = Communicator(env, cluster, self.recorder, self.state)
+        plans = {type(a) for step in range(min(steps, 2 * BLOCK_STEPS)) for a in self.policy.plan(step, steps)}
+        needs_servers = bool(plans & {Push, Pull, WaitForClock})
+        self.servers = ServerGroup(env, cluster, self.recorder, self.state) if needs_servers else None
+        self.step_end = np.zeros((steps, self.workers))
+        self.handlers: dict[type, Callable] = {
+            Compute: self._compute, AllReduceGradients: self._allreduce, AverageParameters: self._average,
+            LocalUpdate: self._local_update, Push: self._push, WaitForClock: self._wait, Pull: self._pull,
+        }
+
+    # Each handler is a generator of events. ``pending`` carries the lazily
+    # taken compute: [start, duration, outstanding?, latency owed]. Message
+    # latency is folded into a wait the worker makes anyway: a push waits out
+    # compute and then alpha before its bytes enter the link; a pull's alpha
+    # delays the start of the next compute. Uncontended, both equal alpha + n/B.
+    def worker(self, w: int):
+        plan, steps, handlers, step_end, env = self.policy.plan, self.steps, self.handlers, self.step_end, self.env
+        times = self.times
+        pending = [0.0, 0.0, False, 0.0]
+        for step in range(steps):
+            for action in plan(step, steps):
+                if type(action) is Compute:
+                    pending[0], pending[1], pending[2], pending[3] = env.now + pending[3], times(step, w), True, 0.0
+                    continue
+                yield from handlers[type(action)](w, step, action, pending)
+            if pending[2]:  # a step that ends on its own compute (a local step)
+                yield from self._settle(w, step, pending)
+            # A pull's latency still owed is paid by the next compute; the step
+            # itself ends when the parameters have arrived.
+            step_end[step, w] = env.now + pending[3]
+
+    def _compute(self, w, step, action, pending):  # pragma: no cover - handled inline in worker()
+        yield from ()
+
+    def _settle(self, w: int, step: int, pending: list, extra: float = 0.0):
+        """Wait until the outstanding compute (and any owed latency, plus ``extra``) is over."""
+        now = self.env.now
+        ready = now + pending[3]
+        pending[3] = 0.0
+        if pending[2]:
+            start, duration = pending[0], pending[1]
+            pending[2] = False
+            self.recorder.event(w, step, _COMPUTE, start, start + duration, 0.0)
+            ready = max(ready, start + duration)
+        ready += extra
+        if ready > now:
+            yield self.env.timeout(ready - now)
+
+    def _allreduce(self, w: int, step: int, action: AllReduceGradients, pending: list):
+        if pending[2]:
+            pending[2] = False
+            yield self.comm.join(w, step, "allreduce", action.buckets, action.ready, action.algorithm,
+                                 pending[0], pending[1], True)
+        else:
+            yield from self._settle(w, step, pending)
+            yield self.comm.join(w, step, "allreduce", action.buckets, action.ready, action.algorithm,
+                                 self.env.now, 0.0, False)
+
+    def _local_update(self, w: int, step: int, action: LocalUpdate, pending: list):
+        yield from self._settle(w, step, pending)
+        self.state.local[w].append(step)
+
+    def _average(self, w: int, step: int, action: AverageParameters, pending: list):
+        yield from self._settle(w, step, pending)
+        yield self.comm.join(w, step, "average", (action.nbytes,), (1.0,), action.algorithm,
+                             self.env.now, 0.0, False)
+
+    def _push(self, w: int, step: int, action: Push, pending: list):
+        servers = self.servers
+        sent = max(self.env.now + pending[3], pending[0] + pending[1] if pending[2] else 0.0)
+        yield from self._settle(w, step, pending, extra=servers.latency)  # type: ignore[union-attr]
+        yield servers.push(action.nbytes)  # type: ignore[union-attr]
+        self.recorder.event(w, step, _PUSH, sent, self.env.now, action.nbytes)
+        servers.arrive(w, step, self.state.read[w], action.aggregate)  # type: ignore[union-attr]
+
+    def _wait(self, w: int, step: int, action: WaitForClock, pending: list):
+        yield from self._settle(w, step, pending)
+        waiter = self.servers.wait(w, action.slack)  # type: ignore[union-attr]
+        if waiter is not None:
+            start = self.env.now
+            yield waiter
+            self.recorder.event(w, step, _WAIT, start, self.env.now, 0.0)
+
+    def _pull(self, w: int, step: int, action: Pull, pending: list):
+        if pending[2] or pending[3]:
+            yield from self._settle(w, step, pending)
+        servers = self.servers
+        start, version = self.env.now, self.state.version
+        yield servers.pull(action.nbytes)  # type: ignore[union-attr]
+        pending[3] = servers.latency  # type: ignore[union-attr]
+        self.recorder.event(w, step, _PULL, start, self.env.now + pending[3], action.nbytes)
+        self.state.read[w] = version
+
+
+def simulate(cluster: Cluster, workload: Workload, scheme: Scheme | str, steps: int = 100,
+             seed: int = 0) -> SimResult:
+    """Simulate ``steps`` steps per worker of ``scheme`` training ``workload`` on ``cluster``."""
+    if not isinstance(cluster, Cluster):
+        raise ValueError(f"cluster must be a syncsim.Cluster, got {type(cluster).__name__}")
+    if not isinstance(workload, Workload):
+        raise ValueError(f"workload must be a syncsim.Workload, got {type(workload).__name__}")
+    scheme = parse(scheme)
+    steps = check_int("simulate", "steps", steps, 1)
+    seed = check_int("simulate", "seed", seed, 0)
+    wall = time.perf_counter()
+    run = _Run(cluster, workload, scheme, steps, seed)
+    for w in range(run.workers):
+        run.env.process(run.worker(w))
+    run.env.run()
+    wall = time.perf_counter() - wall
+    return SimResult(cluster=cluster, workload=workload, scheme=scheme, steps=steps, seed=seed,
+                     step_end=run.step_end, recorder=run.recorder, wall_time=wall,
+                     versions=run.state.version)

@@ -1,0 +1,92 @@
+"""Parameter-server hosts: their NICs, the version counter and the clock table.
+
+The k servers each hold an equal shard of the parameters, so every push or
+pull is k equal flows, one per server. All servers then see the same flows at
+the same times and their NICs evolve identically: one representative link per
+direction carries shards of n/k bytes and stands for all k (exact under that
+symmetry). A worker's own NIC splits between its k concurrent shards, which
+caps each flow at B_worker/k; a server NIC is shared equally by the flows it
+receives. For p simultaneous pushes one push therefore takes
+alpha + max(n/B_worker, p·n/(k·B_server)): the parameter server's bottleneck.
+
+Servers only react to arrivals, so they are modelled as these shared
+resources rather than as processes of their own.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from syncsim.cluster import Cluster
+from syncsim.network import SharedLink
+from syncsim.recorder import Recorder
+
+__all__ = ["ServerGroup"]
+
+
+class ServerGroup:
+    def __init__(self, env: simpy.Environment, cluster: Cluster, recorder: Recorder, state: object) -> None:
+        if cluster.servers < 1:
+            raise ValueError("a parameter-server scheme needs Cluster.servers >= 1 (got 0); "
+                             "e.g. Cluster(..., servers=1, server_link=Link('100Gbit/s', '5us'))")
+        self.env = env
+        self.k = cluster.servers
+        self.workers = cluster.gpus
+        net, worker_net = cluster.server_net, cluster.worker_net
+        cap = worker_net.bandwidth / self.k  # type: ignore[operator]
+        self.down = SharedLink(env, net.bandwidth, cap=cap, name="server-in")  # type: ignore[arg-type]
+        self.up = SharedLink(env, net.bandwidth, cap=cap, name="server-out")  # type: ignore[arg-type]
+        self.latency = float(net.latency)  # type: ignore[arg-type]
+        self.recorder = recorder
+        self.state = state
+        self.clock = [0] * self.workers
+        self._at_clock = {0: self.workers}  # how many workers have each clock value
+        self.min_clock = 0
+        self._waiters: dict[int, simpy.Event] = {}
+        self._round: dict[int, list[tuple[int, int]]] = {}
+
+    def push(self, nbytes: float) -> simpy.Event:
+        return self.down.transfer(nbytes / self.k)
+
+    def pull(self, nbytes: float) -> simpy.Event:
+        return self.up.transfer(nbytes / self.k)
+
+    def arrive(self, worker: int, step: int, version_read: int, aggregate: bool) -> None:
+        """A worker's pushed gradient has reached the servers: apply it (or its round) and tick its clock."""
+        state, now = self.state, self.env.now
+        if aggregate:
+            arrivals = self._round.setdefault(step, [])
+            arrivals.append((worker, version_read))
+            if len(arrivals) == self.workers:
+                del self._round[step]
+                version = state.version
+                for w, read in arrivals:
+                    self.recorder.update(w, step, read, version, now)
+                state.version = version + 1
+        else:
+            self.recorder.update(worker, step, version_read, state.version, now)
+            state.version += 1
+        self._tick(worker)
+
+    def _tick(self, worker: int) -> None:
+        old = self.clock[worker]
+        self.clock[worker] = old + 1
+        at = self._at_clock
+        at[old] -= 1
+        at[old + 1] = at.get(old + 1, 0) + 1
+        if old == self.min_clock and at[old] == 0:
+            del at[old]
+            self.min_clock = old + 1
+            waiter = self._waiters.pop(self.min_clock, None)
+            if waiter is not None:
+                waiter.succeed()
+
+    def wait(self, worker: int, slack: int) -> simpy.Event | None:
+        """None if ``worker`` may proceed now, else the event that fires when the slowest catches up."""
+        need = self.clock[worker] - slack
+        if self.min_clock >= need:
+            return None
+        waiter = self._waiters.get(need)
+        if waiter is None:
+            waiter = self._waiters[need] = self.env.event()
+        return waiter
