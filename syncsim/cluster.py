@@ -74,7 +74,8 @@ class Cluster:
         inter = _as_link(owner, "inter", self.inter)
         server_link = _as_link(owner, "server_link", self.server_link)
         if self.gpus_per_node > 1 and intra is None:
-            raise ValueError(f"Cluster.intra is required when gpus_per_node > 1 (got gpus_per_node={self.gpus_per_node})")
+            raise ValueError(f"Cluster.intra is required when gpus_per_node > 1 "
+                             f"(got gpus_per_node={self.gpus_per_node})")
         if self.nodes > 1 and inter is None:
             raise ValueError(f"Cluster.inter is required when nodes > 1 (got nodes={self.nodes})")
         if self.servers > 0 and server_link is None and inter is None:

@@ -25,7 +25,15 @@ from syncsim.config import check_int
 from syncsim.recorder import KIND_CODE, Recorder
 from syncsim.result import SimResult
 from syncsim.schemes import (
-    AllReduceGradients, AverageParameters, Compute, LocalUpdate, Pull, Push, Scheme, WaitForClock, parse,
+    AllReduceGradients,
+    AverageParameters,
+    Compute,
+    LocalUpdate,
+    Pull,
+    Push,
+    Scheme,
+    WaitForClock,
+    parse,
 )
 from syncsim.server import ServerGroup
 from syncsim.workload import Workload

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
 
 import simpy
 
@@ -99,7 +98,13 @@ class SharedLink:
         self._wake_pending = False
         threshold = self._virtual * (1 + _TAG_RTOL) + _TAG_RTOL
         finished = []
-        while heap and heap[0][0] <= threshold:
+        rate = self._rate
+        while heap:
+            tag = heap[0][0]
+            # Done if within rounding of its tag, or if what is left would finish
+            # within the float resolution of ``now`` (else it could never advance).
+            if tag > threshold and now + (tag - self._virtual) / rate > now:
+                break
             finished.append(heapq.heappop(heap)[2])
         self._rate = min(self.cap, self.bandwidth / max(1, len(heap)))
         if heap:

@@ -5,7 +5,14 @@ checks): the simulator and the real executor both carry out the same plans.
 """
 
 from syncsim.schemes.actions import (
-    Action, AllReduceGradients, AverageParameters, Compute, LocalUpdate, Pull, Push, WaitForClock,
+    Action,
+    AllReduceGradients,
+    AverageParameters,
+    Compute,
+    LocalUpdate,
+    Pull,
+    Push,
+    WaitForClock,
 )
 from syncsim.schemes.allreduce import AllReduce
 from syncsim.schemes.localsgd import LocalSGD

@@ -1,0 +1,108 @@
+"""Invariants every simulation keeps, on random valid configurations."""
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from syncsim import Cluster, Link, Workload, simulate
+from syncsim.result import single_gpu_throughput
+from syncsim.schemes import parse
+
+links = st.builds(Link, bandwidth=st.floats(1e8, 1e12), latency=st.floats(0, 1e-4))
+scheme_texts = st.sampled_from([
+    "allreduce", "allreduce:overlap=false", "allreduce:algorithm=tree", "allreduce:algorithm=hierarchical",
+    "allreduce:precision=fp16,bucket_bytes=1MiB", "ps", "ps:mode=async", "ps:staleness=1", "ps:staleness=3",
+    "localsgd:period=1", "localsgd:period=4,warmup_steps=2", "localsgd:period=3,precision=bf16",
+])
+
+
+@st.composite
+def configs(draw, noisy=True):
+    nodes = draw(st.integers(1, 4))
+    per_node = draw(st.integers(1, 4))
+    cluster = Cluster(
+        nodes=nodes, gpus_per_node=per_node, intra=draw(links), inter=draw(links),
+        servers=draw(st.integers(1, 3)), server_link=draw(st.one_of(st.none(), links)),
+        jitter=draw(st.floats(0, 0.5)) if noisy else 0.0,
+        straggler_prob=draw(st.floats(0, 0.3)) if noisy else 0.0,
+        straggler_slowdown=draw(st.floats(1, 5)) if noisy else 1.0,
+    )
+    layers = draw(st.one_of(st.none(), st.lists(st.floats(1e3, 1e7), min_size=1, max_size=6)))
+    workload = Workload(param_bytes=None if layers else draw(st.floats(1e3, 1e8)), layers=layers,
+                        compute_time=draw(st.floats(1e-3, 0.2)), batch_size=draw(st.integers(1, 64)))
+    return cluster, workload, draw(scheme_texts), draw(st.integers(1, 12)), draw(st.integers(0, 2**31))
+
+
+@given(configs())
+def test_random_configs_keep_invariants(config):
+    cluster, workload, scheme, steps, seed = config
+    res = simulate(cluster, workload, scheme, steps=steps, seed=seed)
+    trace, updates = res.trace, res.updates
+    assert res.step_time > 0 and np.isfinite(res.throughput)
+    assert (trace["end"] >= trace["start"]).all() and (trace["start"] >= 0).all()
+    # every worker computes every step exactly once
+    computes = trace[trace["kind"] == "compute"]
+    assert len(computes) == steps * cluster.gpus
+    # a worker's computes never overlap each other, nor do its communications (only an
+    # overlapped all-reduce may run beside backward), and both follow step order
+    for _, rows in trace.groupby("worker", observed=True):
+        for is_compute in (True, False):
+            part = rows[(rows["kind"] == "compute") == is_compute].sort_values(["start", "end"], kind="stable")
+            assert (part["start"].to_numpy()[1:] >= part["end"].to_numpy()[:-1] - 1e-12).all()
+            assert (np.diff(part["step"].to_numpy()) >= 0).all()
+    # updates: staleness never negative, versions applied in order, one row per worker-step
+    assert (updates["staleness"] >= 0).all()
+    assert (np.diff(updates["version_applied"].to_numpy()) >= 0).all()
+    assert len(updates) == steps * cluster.gpus
+    assert not updates.duplicated(["worker", "step"]).any()
+    if res.scheme.name == "allreduce" or str(res.scheme) == "ps":
+        assert (updates["staleness"] == 0).all()
+
+
+# Basis: on identical noiseless GPUs no worker steps faster than one GPU alone, so W workers
+# deliver at most W times the samples per second.
+@given(configs(noisy=False))
+def test_speedup_at_most_workers_on_homogeneous_clusters(config):
+    cluster, workload, scheme, steps, seed = config
+    res = simulate(cluster, workload, scheme, steps=steps, seed=seed)
+    assert res.speedup <= cluster.gpus * (1 + 1e-9)
+    assert res.throughput == pytest.approx(res.speedup * single_gpu_throughput(workload))
+
+
+# Basis: 16-bit formats carry 2 bytes per value instead of 4, and nothing else changes.
+@given(configs(noisy=False), st.sampled_from(["fp16", "bf16"]))
+def test_half_precision_halves_bytes_on_the_wire(config, half):
+    cluster, workload, scheme, steps, seed = config
+    full = simulate(cluster, workload, replace(parse(scheme), precision="fp32"), steps=steps, seed=seed)
+    halved = simulate(cluster, workload, replace(parse(scheme), precision=half), steps=steps, seed=seed)
+    assert halved.trace["bytes"].sum() == pytest.approx(full.trace["bytes"].sum() / 2, rel=1e-12)
+
+
+@given(configs())
+def test_same_seed_same_trace(config):
+    cluster, workload, scheme, steps, seed = config
+    a = simulate(cluster, workload, scheme, steps=steps, seed=seed)
+    b = simulate(cluster, workload, scheme, steps=steps, seed=seed)
+    pd.testing.assert_frame_equal(a.trace, b.trace, check_exact=True)
+    pd.testing.assert_frame_equal(a.updates, b.updates, check_exact=True)
+
+
+def test_different_seed_different_noise():
+    cluster = Cluster.homogeneous(4, Link("10GB/s"), jitter=0.2)
+    a = simulate(cluster, Workload(1e6, 0.01), "allreduce", steps=5, seed=1)
+    b = simulate(cluster, Workload(1e6, 0.01), "allreduce", steps=5, seed=2)
+    assert not np.array_equal(a.step_end, b.step_end)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=0), "steps"), (dict(seed=-1), "seed"), (dict(scheme="ring"), "unknown scheme"),
+])
+def test_simulate_rejects(kwargs, message):
+    args = dict(cluster=Cluster.homogeneous(2, Link("1GB/s")), workload=Workload(1e6, 0.01), scheme="allreduce")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        simulate(**args)

@@ -1,0 +1,97 @@
+"""Parameter-server timing, clocks and versions."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from syncsim import Cluster, Link, Workload, simulate
+from syncsim.schemes import ParameterServer
+
+
+def ps_cluster(p, k, worker_bw=1e9, server_bw=1e9, latency=0.0, **kw):
+    return Cluster.homogeneous(p, Link(worker_bw, latency), servers=k, server_link=Link(server_bw, latency), **kw)
+
+
+# Basis: p simultaneous pushes of n bytes sharded over k servers are k·p flows of n/k; a worker's
+# NIC splits into k flows (cap B_w/k), a server NIC shares among p flows (B_s/p each), so one push
+# takes alpha + max(n/B_w, p·n/(k·B_s)): the parameter server's bottleneck.
+@given(st.integers(1, 64), st.integers(1, 8), st.floats(1e4, 1e8), st.floats(1e7, 1e11), st.floats(1e7, 1e11),
+       st.floats(0, 1e-4))
+def test_push_bottleneck(p, k, n, worker_bw, server_bw, alpha):
+    cluster = ps_cluster(p, k, worker_bw, server_bw, alpha)
+    res = simulate(cluster, Workload(n, 0.01), ParameterServer(mode="sync"), steps=1)
+    pushes = res.trace[res.trace["kind"] == "push"]
+    expected = alpha + max(n / worker_bw, p * n / (k * server_bw))
+    assert len(pushes) == p
+    np.testing.assert_allclose(pushes["end"] - pushes["start"], expected, rtol=1e-9)
+    assert (pushes["bytes"] == n).all()
+
+
+def _clocks_at(updates: pd.DataFrame, workers: int, when: float) -> np.ndarray:
+    applied = updates[updates["time_applied"] <= when]
+    return np.bincount(applied["worker"], minlength=workers)
+
+
+# Basis: SSP (Ho et al. 2013): a worker starts clock c only when the slowest worker has
+# completed at least c - s clocks, so no worker runs more than s clocks ahead.
+@given(st.integers(2, 12), st.integers(0, 4), st.floats(0, 0.5), st.floats(1, 6), st.integers(0, 10**6))
+def test_ssp_clock_gap_within_bound(p, s, prob, slowdown, seed):
+    cluster = ps_cluster(p, 1, jitter=0.2, straggler_prob=prob, straggler_slowdown=slowdown)
+    res = simulate(cluster, Workload(1e6, 0.01), ParameterServer(staleness=s), steps=12, seed=seed)
+    computes = res.trace[res.trace["kind"] == "compute"]
+    updates = res.updates
+    for row in computes.itertuples():
+        if row.step == 0:
+            continue
+        clocks = _clocks_at(updates, p, row.start)
+        assert clocks.min() >= row.step - s, (row.worker, row.step, clocks)
+
+
+# Basis: SSP with s = 0 is bulk-synchronous: the same waits, so the same times as a synchronous PS.
+@given(st.integers(1, 10), st.floats(0, 0.4), st.integers(0, 10**6))
+def test_ssp_zero_times_equal_sync(p, jitter, seed):
+    cluster = ps_cluster(p, 2, jitter=jitter)
+    sync = simulate(cluster, Workload(1e6, 0.01), "ps", steps=8, seed=seed)
+    ssp0 = simulate(cluster, Workload(1e6, 0.01), "ps:staleness=0", steps=8, seed=seed)
+    np.testing.assert_array_equal(sync.step_end, ssp0.step_end)
+    pd.testing.assert_frame_equal(sync.trace, ssp0.trace)
+    # Each synchronous round is one version whose W updates all read the version they apply to.
+    assert (sync.updates["staleness"] == 0).all() and sync.versions == 8
+    assert ssp0.versions == 8 * p
+
+
+# Basis: with the same compute-time draws and a network too fast to matter, SSP is a max-plus
+# recurrence (a worker starts step t+1 at the later of its own finish and the slowest worker
+# reaching clock t+1-s); a larger s only weakens the condition, so by induction every step
+# ends no later, and the run's throughput (samples / makespan) does not fall.
+@given(st.integers(2, 10), st.floats(0.05, 0.5), st.floats(2, 8), st.integers(0, 10**6))
+def test_throughput_non_decreasing_in_staleness(p, prob, slowdown, seed):
+    cluster = ps_cluster(p, 1, worker_bw=1e15, server_bw=1e15, straggler_prob=prob, straggler_slowdown=slowdown)
+    workload = Workload(1e3, 0.01)
+    runs = [simulate(cluster, workload, ParameterServer(staleness=s), steps=40, seed=seed) for s in (0, 1, 2, 4, 8)]
+    runs.append(simulate(cluster, workload, "ps:mode=async", steps=40, seed=seed))
+    for tighter, looser in zip(runs, runs[1:]):
+        assert (looser.step_end <= tighter.step_end + 1e-9).all()
+        assert looser.makespan <= tighter.makespan + 1e-9
+
+
+def test_async_one_worker_is_sequential():
+    res = simulate(ps_cluster(1, 1), Workload(1e6, 0.01), "ps:mode=async", steps=20)
+    assert res.versions == 20
+    assert (res.updates["staleness"] == 0).all()
+    assert list(res.updates["version_applied"]) == list(range(20))
+
+
+def test_async_identical_workers_have_fixed_delay():
+    # tau + 1 identical workers push in lock-step; each update lands behind the other tau.
+    tau = 3
+    res = simulate(ps_cluster(tau + 1, 1), Workload(1e6, 0.01), "ps:mode=async", steps=30)
+    later = res.updates[res.updates["step"] >= 1]
+    assert (later["staleness"] == tau).all()
+
+
+def test_ps_without_servers_is_a_clear_error():
+    with pytest.raises(ValueError, match="servers >= 1"):
+        simulate(Cluster.homogeneous(4, Link("1GB/s")), Workload(1e6, 0.01), "ps")
