@@ -33,6 +33,7 @@ class ComputeTimes:
         self.straggler_prob = cluster.straggler_prob
         self.slowdown = cluster.straggler_slowdown
         self._blocks: dict[int, np.ndarray] = {}
+        self._rows: dict[int, list[list[float]]] = {}
         # Keep about 256 MiB of drawn times; workers of an asynchronous run can
         # drift apart by many blocks, so evict only under memory pressure.
         self.max_blocks = max(4, (32 * 2**20) // (BLOCK_STEPS * self.workers))
@@ -57,7 +58,15 @@ class ComputeTimes:
         return block
 
     def __call__(self, step: int, worker: int) -> float:
-        return float(self.block(step // BLOCK_STEPS)[step % BLOCK_STEPS, worker])
+        # Python lists index several times faster than numpy scalars, and this
+        # is called once per worker per step.
+        index = step // BLOCK_STEPS
+        rows = self._rows.get(index)
+        if rows is None:
+            rows = self._rows[index] = self.block(index).tolist()
+            if len(self._rows) > self.max_blocks:
+                self._rows.pop(min(self._rows))
+        return rows[step % BLOCK_STEPS][worker]
 
     def step(self, step: int) -> np.ndarray:
         """All workers' compute times of ``step``."""

@@ -40,6 +40,8 @@ from syncsim.workload import Workload
 
 __all__ = ["simulate"]
 
+_GENERATOR = type(x for x in ())
+
 _COMPUTE, _PUSH, _PULL, _WAIT = (KIND_CODE[k] for k in ("compute", "push", "pull", "wait"))
 
 
@@ -100,7 +102,12 @@ class _Run:
                 if type(action) is Compute:
                     pending[0], pending[1], pending[2], pending[3] = env.now + pending[3], times(step, w), True, 0.0
                     continue
-                yield from handlers[type(action)](w, step, action, pending)
+                wait = handlers[type(action)](w, step, action, pending)
+                if wait is not None:  # a single event, or a generator of several
+                    if type(wait) is _GENERATOR:
+                        yield from wait
+                    else:
+                        yield wait
             if pending[2]:  # a step that ends on its own compute (a local step)
                 yield from self._settle(w, step, pending)
             # A pull's latency still owed is paid by the next compute; the step
@@ -127,21 +134,20 @@ class _Run:
     def _allreduce(self, w: int, step: int, action: AllReduceGradients, pending: list):
         if pending[2]:
             pending[2] = False
-            yield self.comm.join(w, step, "allreduce", action.buckets, action.ready, action.algorithm,
-                                 pending[0], pending[1], True)
-        else:
-            yield from self._settle(w, step, pending)
-            yield self.comm.join(w, step, "allreduce", action.buckets, action.ready, action.algorithm,
-                                 self.env.now, 0.0, False)
+            return self.comm.join(w, step, "allreduce", action.buckets, action.ready, action.algorithm,
+                                  pending[0], pending[1], True)
+        return self._join_now(w, step, "allreduce", action.buckets, action.ready, action.algorithm, pending)
+
+    def _join_now(self, w, step, kind, buckets, ready, algorithm, pending):
+        yield from self._settle(w, step, pending)
+        yield self.comm.join(w, step, kind, buckets, ready, algorithm, self.env.now, 0.0, False)
 
     def _local_update(self, w: int, step: int, action: LocalUpdate, pending: list):
         yield from self._settle(w, step, pending)
         self.state.local[w].append(step)
 
     def _average(self, w: int, step: int, action: AverageParameters, pending: list):
-        yield from self._settle(w, step, pending)
-        yield self.comm.join(w, step, "average", (action.nbytes,), (1.0,), action.algorithm,
-                             self.env.now, 0.0, False)
+        return self._join_now(w, step, "average", (action.nbytes,), (1.0,), action.algorithm, pending)
 
     def _push(self, w: int, step: int, action: Push, pending: list):
         servers = self.servers

@@ -1,0 +1,166 @@
+"""Flagship study: speedup and scaling efficiency of every scheme from 1 to 1,024 GPUs.
+
+``python -m studies.scaling [--quick] [--out DIR] [--jobs N]`` simulates every
+scheme below on two sourced clusters (8-GPU NVLink nodes on 100 Gbit/s and on
+400 Gbit/s per GPU) for the sourced workload presets, at every power of two of
+GPUs, and writes
+
+- ``scaling.csv``: one row per configuration, the spec fields as columns;
+- ``scaling.png``: speedup against GPUs, drawn from the CSV alone;
+- ``efficiency.png``: scaling efficiency (speedup / GPUs), from the CSV;
+- ``trace.json``: a Chrome/Perfetto timeline of one telling configuration.
+
+Parameter-server runs get one server host per worker node (at least one), on
+the cluster's inter-node link, so server capacity grows with the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from studies.common import default_jobs, run_all, write_csv
+from syncsim import Cluster, Workload, simulate
+from syncsim.config import check_float, check_int
+from syncsim.schemes import parse
+
+SCHEMES = (
+    "allreduce", "allreduce:algorithm=tree", "allreduce:algorithm=hierarchical", "allreduce:precision=fp16",
+    "ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=8",
+)
+CLUSTERS = ("a100-100g", "h100-400g")
+WORKLOADS = ("lenet", "resnet50", "vgg16", "bert-large", "gpt2")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration of the study."""
+
+    cluster: str
+    workload: str
+    scheme: str
+    gpus: int
+    steps: int
+    jitter: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("Run", "gpus", self.gpus, 1)
+        check_int("Run", "steps", self.steps, 1)
+        parse(self.scheme)
+
+
+@dataclass(frozen=True)
+class Study:
+    gpus: tuple[int, ...] = tuple(2**i for i in range(11))
+    steps: int = 20
+    clusters: tuple[str, ...] = CLUSTERS
+    workloads: tuple[str, ...] = WORKLOADS
+    schemes: tuple[str, ...] = SCHEMES
+    jitter: float = 0.05
+
+    def __post_init__(self) -> None:
+        for g in self.gpus:
+            check_int("Study", "gpus", g, 1)
+        check_int("Study", "steps", self.steps, 2)
+        check_float("Study", "jitter", self.jitter, low=0.0)
+
+    def runs(self) -> list[Run]:
+        return [Run(c, w, s, g, self.steps, self.jitter) for c in self.clusters for w in self.workloads
+                for s in self.schemes for g in self.gpus]
+
+
+def quick() -> Study:
+    return Study(gpus=(1, 4, 16, 64), steps=8, workloads=("lenet", "resnet50"),
+                 schemes=("allreduce", "ps:mode=async", "localsgd:period=4"))
+
+
+def build(run: Run) -> tuple[Cluster, Workload]:
+    cluster = Cluster.preset(run.cluster, gpus=run.gpus).replace(jitter=run.jitter)
+    if parse(run.scheme).name == "ps":
+        cluster = cluster.replace(servers=max(1, cluster.nodes))
+    return cluster, Workload.preset(run.workload)
+
+
+def simulate_run(run: Run) -> dict:
+    cluster, workload = build(run)
+    return simulate(cluster, workload, run.scheme, steps=run.steps, seed=run.seed).summary()
+
+
+def plot(csv: Path, out: Path) -> list[Path]:
+    """Figures from the CSV alone: speedup and efficiency against GPUs, one panel per workload and cluster."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import seaborn as sns
+
+    data = pd.read_csv(csv)
+    paths = []
+    for column, name, label in (("speedup", "scaling.png", "speedup over one GPU"),
+                                ("efficiency", "efficiency.png", "scaling efficiency")):
+        grid = sns.relplot(data=data, x="gpus", y=column, hue="scheme", style="scheme", col="workload",
+                           row="cluster", kind="line", markers=True, dashes=False, height=2.6, aspect=1.1,
+                           facet_kws={"sharey": False})
+        for ax in grid.axes.flat:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            if column == "speedup":
+                ax.set_yscale("log", base=2)
+                ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        grid.set_axis_labels("GPUs", label)
+        grid.set_titles("{row_name} · {col_name}")
+        if column == "speedup":
+            for ax in grid.axes.flat:  # the ideal: speedup = GPUs
+                lo, hi = data["gpus"].min(), data["gpus"].max()
+                ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls=":")
+        path = out / name
+        grid.savefig(path, dpi=110)
+        paths.append(path)
+    return paths
+
+
+def table(data: pd.DataFrame) -> str:
+    top = data[data["gpus"] == data["gpus"].max()]
+    pivot = top.pivot_table(index=["cluster", "workload"], columns="scheme", values="speedup")
+    return f"speedup at {int(data['gpus'].max())} GPUs (ideal {int(data['gpus'].max())}):\n" + \
+        pivot.round(1).to_string()
+
+
+def telling_trace(out: Path, quick_run: bool) -> Path:
+    """SSP (s=2) with stragglers on 16 GPUs: pushes contend at the servers and fast workers wait."""
+    cluster = Cluster.preset("a100-100g", gpus=16).replace(jitter=0.1, straggler_prob=0.1, straggler_slowdown=3.0,
+                                                           servers=2)
+    res = simulate(cluster, Workload.preset("resnet50"), "ps:staleness=2", steps=6 if quick_run else 20, seed=0)
+    return res.to_chrome_trace(out / "trace.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.scaling", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("results/scaling"), help="output folder")
+    parser.add_argument("--quick", action="store_true", help="a small grid for tests (seconds)")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="worker processes (default: cores)")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    study = quick() if args.quick else Study()
+    started = time.perf_counter()
+    rows = run_all(simulate_run, study.runs(), args.jobs, "scaling")
+    out: Path = args.out
+    csv = out / "scaling.csv"
+    data = write_csv(rows, csv)
+    figures = plot(csv, out)
+    trace = telling_trace(out, args.quick)
+    print(table(data))
+    print(f"\nwrote {csv}, {', '.join(str(f) for f in figures)}, {trace} "
+          f"({len(data)} configurations in {time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

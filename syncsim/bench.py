@@ -1,0 +1,89 @@
+"""Simulator speed, printed: ``python -m syncsim.bench`` (``--quick`` for a smoke run).
+
+1. Synchronous ring all-reduce on 1,024 GPUs (128 nodes x 8) for 1,000 steps
+   with jitter: wall time and simulated GPU-steps per second (goal <= 5 s).
+2. Asynchronous parameter server with 1,024 workers: applied updates per
+   second (goal >= 100k), next to the ceiling of bare SimPy on this machine for
+   the minimum three events an update needs (compute done, push done, pull
+   done) with no simulation logic at all, measured in the same run.
+3. Wall time against GPUs x steps from 64 to 4,096 GPUs and the fitted
+   exponent of wall ~ (GPUs x steps)^b (goal b <= 1.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import simpy
+
+from syncsim import Cluster, Workload, simulate
+
+
+def bare_simpy_ceiling(workers: int, steps: int) -> float:
+    """Updates/s of W processes each waiting on three events per update, nothing else."""
+    env = simpy.Environment()
+    rng = np.random.default_rng(0)
+
+    def resume(event: simpy.Event):
+        def callback(_):
+            event._ok, event._value = True, None
+            callbacks, event.callbacks = event.callbacks, None
+            for cb in callbacks:
+                cb(event)
+        return callback
+
+    def worker(jitter: np.ndarray):
+        for step in range(steps):
+            yield env.timeout(0.1 * jitter[step])
+            for _ in range(2):  # push done, pull done: a link timer resuming the worker
+                done = env.event()
+                env.timeout(0.01).callbacks.append(resume(done))
+                yield done
+
+    for _ in range(workers):
+        env.process(worker(rng.lognormal(0, 0.05, steps)))
+    start = time.perf_counter()
+    env.run()
+    return workers * steps / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, figures not meaningful")
+    args = parser.parse_args(argv)
+    scale = 16 if args.quick else 1
+    workload = Workload.preset("resnet50")
+
+    gpus, steps = 1024 // scale, 1000 // scale
+    cluster = Cluster.preset("a100-100g", gpus=gpus).replace(jitter=0.05)
+    res = simulate(cluster, workload, "allreduce", steps=steps, seed=0)
+    rate = gpus * steps / res.wall_time
+    print(f"[1] sync ring all-reduce, {cluster.nodes} nodes x {cluster.gpus_per_node} GPUs x {steps} steps, "
+          f"jitter 0.05: {res.wall_time:.2f} s wall, {rate / 1e3:.0f}k GPU-steps/s (goal <= 5 s, >= 200k/s)")
+
+    workers, ps_steps = 1024 // scale, 100 // scale
+    cluster = Cluster.preset("a100-100g", gpus=workers).replace(jitter=0.05, servers=16)
+    res = simulate(cluster, workload, "ps:mode=async", steps=ps_steps, seed=0)
+    updates = len(res.updates) / res.wall_time
+    ceiling = bare_simpy_ceiling(workers, ps_steps)
+    print(f"[2] async PS, {workers} workers, 16 servers, {ps_steps} steps: {updates / 1e3:.0f}k applied updates/s "
+          f"(goal >= 100k); bare SimPy, 3 events/update, no logic: {ceiling / 1e3:.0f}k/s "
+          f"-> engine at {updates / ceiling:.0%} of that ceiling")
+
+    sizes = [64, 256, 1024, 4096] if not args.quick else [16, 32, 64]
+    points = []
+    for g in sizes:
+        for s in ((50, 200) if not args.quick else (10, 20)):
+            cluster = Cluster.preset("a100-100g", gpus=g).replace(jitter=0.05)
+            res = simulate(cluster, workload, "allreduce", steps=s, seed=0)
+            points.append((g * s, res.wall_time))
+            print(f"    {g:5d} GPUs x {s:4d} steps: {res.wall_time:6.3f} s")
+    x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+    slope = np.polyfit(x, y, 1)[0]
+    print(f"[3] wall ~ (GPUs x steps)^b over {sizes[0]}..{sizes[-1]} GPUs: b = {slope:.3f} (goal <= 1.1)")
+
+
+if __name__ == "__main__":
+    main()

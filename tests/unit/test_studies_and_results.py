@@ -1,0 +1,60 @@
+import json
+
+import pandas as pd
+import pytest
+
+from studies import scaling
+from syncsim import Cluster, Link, Workload, simulate, speedup
+
+
+@pytest.mark.slow
+def test_scaling_quick_writes_csv_figures_and_trace(tmp_path, capsys):
+    assert scaling.main(["--quick", "--out", str(tmp_path), "--jobs", "1"]) == 0
+    data = pd.read_csv(tmp_path / "scaling.csv")
+    study = scaling.quick()
+    assert len(data) == len(study.runs())
+    # tidy: one row per configuration, spec fields as columns
+    assert not data.duplicated(["cluster", "workload", "scheme", "gpus"]).any()
+    assert {"scheme.precision", "scheme.period", "speedup", "efficiency", "step_time"} <= set(data.columns)
+    for figure in ("scaling.png", "efficiency.png"):
+        assert (tmp_path / figure).stat().st_size > 10_000
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {"compute", "push", "pull", "wait"}
+    assert "speedup at 64 GPUs" in capsys.readouterr().out
+
+
+def test_scaling_rejects_bad_jobs(capsys):
+    with pytest.raises(SystemExit):
+        scaling.main(["--jobs", "0"])
+    assert "--jobs must be >= 1" in capsys.readouterr().err
+
+
+def test_chrome_trace_is_valid_json(tmp_path):
+    res = simulate(Cluster.homogeneous(4, Link("10GB/s", "1us")), Workload("10MiB", "10ms"), "allreduce", steps=3)
+    path = res.to_chrome_trace(tmp_path / "t.json", max_workers=2)
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == 2 * 3 * 2  # 2 workers x 3 steps x (compute, allreduce)
+    assert all(e["dur"] >= 0 and e["tid"] in (0, 1) for e in spans)
+
+
+def test_speedup_helper_and_single_gpu_baseline():
+    workload = Workload("10MiB", "10ms", batch_size=16)
+    one = simulate(Cluster.homogeneous(1, Link("10GB/s")), workload, "allreduce", steps=5)
+    assert one.speedup == pytest.approx(1.0) and one.throughput == pytest.approx(1600.0)
+    cluster = Cluster.homogeneous(8, Link("10GB/s", "1us"))
+    assert speedup(cluster, workload, "allreduce", steps=5) == simulate(cluster, workload, "allreduce", 5).speedup
+
+
+def test_summary_row_has_spec_fields():
+    res = simulate(Cluster.homogeneous(2, Link("10GB/s")), Workload("1MiB", "1ms"), "localsgd:period=2", steps=4)
+    row = res.summary()
+    assert row["scheme"] == "localsgd:period=2" and row["scheme.period"] == 2 and row["gpus"] == 2
+
+
+def test_bench_quick_prints_figures(capsys):
+    from syncsim import bench
+
+    bench.main(["--quick"])
+    out = capsys.readouterr().out
+    assert "GPU-steps/s" in out and "applied updates/s" in out and "b = " in out
