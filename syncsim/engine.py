@@ -159,11 +159,13 @@ class _Run:
 
     def _wait(self, w: int, step: int, action: WaitForClock, pending: list):
         yield from self._settle(w, step, pending)
+        # Recorded even when it takes no time: the trace lists every action the
+        # plan carried out, so it compares action by action with real runs.
         waiter = self.servers.wait(w, action.slack)  # type: ignore[union-attr]
+        start = self.env.now
         if waiter is not None:
-            start = self.env.now
             yield waiter
-            self.recorder.event(w, step, _WAIT, start, self.env.now, 0.0)
+        self.recorder.event(w, step, _WAIT, start, self.env.now, 0.0)
 
     def _pull(self, w: int, step: int, action: Pull, pending: list):
         if pending[2] or pending[3]:

@@ -62,6 +62,9 @@ def gradient_buckets(param_bytes: float, layers: Sequence[float] | None, bucket_
     ``compute_bucket_assignment_by_size``). Backward time is taken as
     proportional to parameter bytes. Without per-layer sizes the model is
     treated as finely divisible: equal buckets of at most ``bucket_bytes``.
+    After its first iteration DDP rebuilds buckets in the order gradients
+    actually became ready (a layer's weight can precede its bias), so real
+    bucket boundaries can shift by a tensor; count and total stay the same.
     """
     if layers is None:
         count = max(1, math.ceil(param_bytes / bucket_bytes - 1e-9))

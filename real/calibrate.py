@@ -1,0 +1,177 @@
+"""``python -m real.calibrate --model NAME --world N --out FILE.json``: measure this setup for syncsim.
+
+Writes ``{"cluster": ..., "workload": ..., "fit": ...}``: ``Cluster.from_json``
+and ``Workload.from_json`` read the first two keys, so ``simulate`` predicts
+this very setup; "fit" keeps the raw sweeps and the quality of each fit.
+
+- Compute: ``Workload.from_torch`` times forward and backward of one batch
+  (median of repeats), without and with autocast (bf16 on CPU, fp16 on CUDA);
+  ``--amp`` picks which becomes the workload. Threads: as many as a rank gets
+  under real.run (OMP_NUM_THREADS, 1 by default).
+- Network: ``world`` ranks (at least 2) started by torch's launcher run a
+  ping-pong between ranks 0 and 1 and an all-reduce over all ranks, over
+  message sizes from 1 KiB to 64 MiB. Each curve is fitted by least squares
+  to the closed form the simulator uses (DESIGN.md): one-way ``t = α + n/B``
+  and ring all-reduce ``t = 2(p-1)·α + 2(p-1)/p · n/B``. The fit weighs each
+  point by 1/t (least squares on relative error), else the 64 MiB points
+  decide everything and α comes out as noise; R² and relative residuals are
+  reported. The all-reduce fit becomes the worker link (what collectives
+  see), the ping-pong fit the server link (what point-to-point pushes see).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main", "fit_linear", "measure_compute"]
+
+SIZES = tuple(2**k for k in range(10, 27, 2))  # 1 KiB .. 64 MiB, ×4 apart
+
+
+def fit_linear(n: np.ndarray, t: np.ndarray) -> tuple[float, float, float, list[float]]:
+    """Weighted least squares t ≈ a + b·n with weights 1/t; (a, b, R², relative residuals)."""
+    w = 1.0 / t
+    design = np.stack([np.ones_like(n), n], axis=1) * w[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    pred = a + b * n
+    r2 = 1.0 - float(np.sum((t - pred) ** 2) / np.sum((t - t.mean()) ** 2))
+    return float(a), float(b), r2, [float(x) for x in (t - pred) / t]
+
+
+def measure_compute(model_name: str, batch_size: int, amp: bool, device: str = "cpu"):
+    import torch
+
+    from real.data import load
+    from real.models import build
+    from syncsim.workload import Workload
+
+    model = build(model_name, 0).to(device)
+    x, _ = load("synthetic", 0).to(device).batch(0, 0, 1, batch_size)
+    ctx = (torch.autocast(device, dtype=torch.bfloat16 if device == "cpu" else torch.float16)
+           if amp else contextlib.nullcontext())
+    with ctx:
+        workload = Workload.from_torch(model, x, repeats=10, warmup=3, name=model_name + ("+amp" if amp else ""))
+    return workload
+
+
+# -- the probe each rank runs ------------------------------------------------------
+def probe(out: str, repeats: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, p = dist.get_rank(), dist.get_world_size()
+    results = {"pingpong": [], "allreduce": []}
+    for size in SIZES:
+        buf = torch.zeros(size // 4, dtype=torch.float32)
+        reps = repeats if size < 2**24 else max(3, repeats // 3)
+        one_way, reduce = [], []
+        for i in range(reps + 1):  # the first round warms up the connection
+            dist.barrier()
+            if rank in (0, 1):
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                else:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                if i:
+                    one_way.append((time.perf_counter() - t0) / 2)
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            elapsed = torch.tensor([time.perf_counter() - t0])
+            # the collective is as slow as its slowest rank
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if i:
+                reduce.append(float(elapsed))
+        if rank == 0:
+            results["pingpong"].append((size, float(np.median(one_way))))
+            results["allreduce"].append((size, float(np.median(reduce))))
+    if rank == 0:
+        Path(out).write_text(json.dumps(results | {"world": p}))
+    dist.destroy_process_group()
+
+
+def measure_network(world: int, repeats: int) -> dict:
+    from real.run import start_ranks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "probe.json")
+        start_ranks(max(2, world), "real.calibrate", ["--probe", out, "--repeats", str(repeats)])
+        return json.loads(Path(out).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    from real.config import MODELS
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="lenet", choices=MODELS)
+    ap.add_argument("--world", type=int, default=2, help="ranks in the network sweep (>= 2)")
+    ap.add_argument("--servers", type=int, default=0, help="parameter-server hosts to put in the cluster")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--amp", action="store_true", help="use the autocast compute time as the workload")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out", default="results/real/calibration.json")
+    ap.add_argument("--probe", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.probe:
+        probe(args.probe, args.repeats)
+        return 0
+    if args.world < 1 or args.servers < 0 or args.batch_size < 1 or args.repeats < 1:
+        print("real.calibrate: error: --world, --batch-size and --repeats must be >= 1, --servers >= 0",
+              file=sys.stderr)
+        return 2
+    import torch
+
+    from syncsim.cluster import Cluster, Link
+
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    torch.set_num_threads(threads)
+    plain = measure_compute(args.model, args.batch_size, amp=False)
+    mixed = measure_compute(args.model, args.batch_size, amp=True)
+    net = measure_network(args.world, args.repeats)
+    p = net["world"]
+    fit = {"model": args.model, "batch_size": args.batch_size, "threads": threads, "torch": torch.__version__,
+           "compute": {name: {"compute_time": w.compute_time, "backward_fraction": w.backward_fraction}
+                       for name, w in (("fp32", plain), ("amp", mixed))}}
+    n, t = (np.array([row[i] for row in net["pingpong"]], dtype=float) for i in (0, 1))
+    a, b, r2, res = fit_linear(n, t)
+    fit["pingpong"] = {"alpha": max(a, 0.0), "bandwidth": 1.0 / b, "r2": r2, "relative_residuals": res,
+                       "sizes": n.tolist(), "seconds": t.tolist(), "model": "t = alpha + n/B (one way)"}
+    n, t = (np.array([row[i] for row in net["allreduce"]], dtype=float) for i in (0, 1))
+    a, b, r2, res = fit_linear(n, t)
+    fit["allreduce"] = {"alpha": max(a / (2 * (p - 1)), 0.0), "bandwidth": 2 * (p - 1) / (p * b), "r2": r2,
+                        "relative_residuals": res, "sizes": n.tolist(), "seconds": t.tolist(), "ranks": p,
+                        "model": "t = 2(p-1) alpha + 2(p-1)/p n/B (ring)"}
+    link = Link(bandwidth=fit["allreduce"]["bandwidth"], latency=fit["allreduce"]["alpha"])
+    server_link = Link(bandwidth=fit["pingpong"]["bandwidth"], latency=fit["pingpong"]["alpha"])
+    cluster = Cluster.homogeneous(gpus=args.world, link=link, servers=args.servers,
+                                  server_link=server_link if args.servers else None, name="calibrated")
+    workload = mixed if args.amp else plain
+    from real.trace import write_atomic
+
+    write_atomic(args.out, json.dumps({"cluster": cluster.to_dict(), "workload": workload.to_dict(), "fit": fit},
+                                      indent=1))
+    print(f"real.calibrate: {args.model} batch {args.batch_size}: compute {plain.compute_time * 1e3:.2f} ms "
+          f"(backward {plain.backward_fraction:.0%}), with autocast {mixed.compute_time * 1e3:.2f} ms")
+    for name in ("allreduce", "pingpong"):
+        f = fit[name]
+        print(f"real.calibrate: {name}: alpha {f['alpha'] * 1e6:.1f} us, B {f['bandwidth'] / 1e9:.3f} GB/s, "
+              f"R² {f['r2']:.4f}, max |relative residual| {max(map(abs, f['relative_residuals'])):.2f}")
+    print(f"real.calibrate: wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

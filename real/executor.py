@@ -1,0 +1,272 @@
+"""A worker rank carrying out a scheme's plan with torch: one handler per action type.
+
+The per-step loop is ``for action in policy.plan(step, steps):
+handlers[type(action)](action)``; the scheme's rules live only in its policy
+(syncsim.schemes). Handlers may look at the step's other *actions* (Compute
+runs its backward under DDP's ``no_sync`` when the step has no
+AllReduceGradients) but never at the scheme's type.
+
+- AllReduceGradients: DDP's bucketed, overlapped all-reduce, which runs inside
+  Compute's backward (torch DDP launches each bucket from an autograd hook);
+  this handler notes its span and applies the mean gradient (optimizer step).
+- LocalUpdate: optimizer step on the worker's own replica.
+- AverageParameters: torch's ``PeriodicModelAverager`` (period 1: the policy,
+  not the averager, decides when) in fp32; in fp16/bf16 the flat parameters
+  are cast, all-reduced and cast back, since torch's averager has no compression.
+- Push / WaitForClock / Pull: real.server.Client.
+
+Versions follow the glossary: replica schemes count all-reduce steps and
+averaging rounds; local steps read and are applied to the version of the last
+sync and are stamped with the next averaging's time. PS versions are the first
+server's (it writes those updates rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from real.hooks import WIRE_DTYPES, CountingHookState, counting_hook
+from real.models import param_layers
+from real.server import Client
+from real.trace import Recorder
+from syncsim.schemes import (
+    AllReduceGradients,
+    AverageParameters,
+    Compute,
+    LocalUpdate,
+    Pull,
+    Push,
+    WaitForClock,
+)
+from syncsim.schemes.allreduce import DEFAULT_BUCKET_BYTES
+
+__all__ = ["Executor", "checksum", "flat_params"]
+
+# Backward takes about twice the forward (Kaplan et al. 2020; syncsim's
+# DEFAULT_BACKWARD_FRACTION): a --slow rank sleeps (factor-1)·3·forward
+# between forward and backward, so its buckets are also late, as on a slow GPU.
+COMPUTE_PER_FORWARD = 3.0
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+def checksum(model: torch.nn.Module) -> str:
+    return hashlib.sha256(flat_params(model).cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+class Executor:
+    def __init__(self, cfg, rank: int, model: torch.nn.Module, data, device: torch.device,
+                 workers_group, recorder: Recorder, progress=lambda step: None):
+        self.cfg, self.rank, self.worker = cfg, rank, rank
+        self.spec = cfg.spec
+        self.model, self.data, self.device = model, data, device
+        self.recorder = recorder
+        self.progress = progress
+        self.group = workers_group
+        layers = param_layers(model)
+        self.param_bytes = sum(layers)
+        self.policy = self.spec.policy(self.param_bytes, layers=layers)
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        self.wire_dtype = WIRE_DTYPES[self.spec.precision]
+        self.bytes_sent = 0
+        self.version = 0
+        self.pending_local: list[int] = []
+        self.losses: list[torch.Tensor] = []
+        self.step_starts: list[float] = []
+        self.checksums: list[str] = []
+        self.step = -1
+        self.buckets: list[int] = []  # the last all-reduce's bucket sizes (DDP rebuilds them after step 0)
+        self.completed = 0
+        self.clock = 0  # completed pushes: the clock WaitForClock compares
+        self.slow = cfg.slow_factor(rank)
+        self.failure = cfg.failure(rank)
+        plans = self.policy.plans(cfg.steps)
+        kinds = {type(a) for plan in plans for a in plan}
+        self._setup_amp(applies_locally=bool(kinds & {AllReduceGradients, LocalUpdate}))
+        self.net: torch.nn.Module = model
+        self.hook_state = None
+        if AllReduceGradients in kinds:
+            bucket = getattr(self.spec, "bucket_bytes", DEFAULT_BUCKET_BYTES)
+            self.net = DDP(model, process_group=self.group, bucket_cap_mb=bucket / 2**20,
+                           device_ids=[device.index] if device.type == "cuda" else None)
+            self.hook_state = CountingHookState(self.group, self.spec.precision)
+            self.net.register_comm_hook(self.hook_state, counting_hook)
+        self.averager = None
+        if AverageParameters in kinds:
+            # period 1: the policy decides when to average; torch warns that
+            # period 1 every step would be pointless, which is not the case here.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self.averager = PeriodicModelAverager(period=1, warmup_steps=0, process_group=self.group)
+        self.client = None
+        if kinds & {Push, Pull, WaitForClock}:
+            numel = sum(p.numel() for p in model.parameters())
+            self.client = Client(cfg.world, cfg.servers, numel, self.wire_dtype)
+        self.handlers = {
+            Compute: self.compute, AllReduceGradients: self.allreduce, LocalUpdate: self.local_update,
+            AverageParameters: self.average, Push: self.push, WaitForClock: self.wait, Pull: self.pull,
+        }
+
+    def _setup_amp(self, applies_locally: bool) -> None:
+        # bf16 autocast on CPU (CPU autocast's default dtype); on CUDA fp16 +
+        # GradScaler, torch's AMP recipe, where this worker's optimizer applies
+        # the gradient. Pushed gradients are applied by the servers, which
+        # would have to undo a loss scale, so push plans autocast to bf16 (no
+        # scaling needed: bf16 has fp32's exponent range).
+        self.scaler = None
+        if not self.cfg.use_amp:
+            self.autocast = contextlib.nullcontext
+            return
+        if self.device.type == "cuda" and not applies_locally:
+            self.autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+        elif self.device.type == "cuda":
+            self.autocast = lambda: torch.autocast("cuda", dtype=torch.float16)
+            self.scaler = torch.amp.GradScaler("cuda")
+        else:
+            self.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+
+    # -- the loop -----------------------------------------------------------------
+    def run(self) -> None:
+        steps = self.cfg.steps
+        for step in range(steps):
+            self.step = step
+            self.step_starts.append(self.recorder.now())
+            self.progress(step)
+            self._maybe_fail(step)
+            plan = self.policy.plan(step, steps)
+            self.reduce = next((a for a in plan if isinstance(a, AllReduceGradients)), None)
+            for action in plan:
+                self.handlers[type(action)](action)
+            if self.cfg.record_checksums:
+                self.checksums.append(checksum(self.model))
+            self.completed += 1
+        if self.client is not None:
+            self.client.stop()
+
+    def _maybe_fail(self, step: int) -> None:
+        if self.failure and step >= self.failure[0]:
+            if self.failure[1] == "hang":
+                while True:
+                    time.sleep(3600)
+            raise RuntimeError(f"injected failure (--fail {self.rank}:{self.failure[0]})")
+
+    # -- handlers -----------------------------------------------------------------
+    def compute(self, action: Compute) -> None:
+        x, y = self.data.batch(self.worker, self.step, self.cfg.world, self.cfg.batch_size)
+        if self.hook_state is not None:
+            self.hook_state.reset()
+            if self.reduce is not None:
+                self.hook_state.defer = all(r >= 1.0 for r in self.reduce.ready)
+        sync = self.reduce is not None or not isinstance(self.net, DDP)
+        start = self.recorder.now()
+        self.read_version = self.version
+        with contextlib.nullcontext() if sync else self.net.no_sync():
+            self.optimizer.zero_grad(set_to_none=True)
+            with self.autocast():
+                loss = F.cross_entropy(self.net(x), y)
+            if self.slow > 1.0:
+                time.sleep((self.slow - 1.0) * COMPUTE_PER_FORWARD * (self.recorder.now() - start))
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        self.backward_end = self.recorder.now()
+        self.losses.append(loss.detach())
+        # With DDP the backward also waited for the all-reduce; compute ends
+        # when the last gradient bucket became ready.
+        end = self.backward_end
+        if self.reduce is not None and self.hook_state.last_ready is not None:
+            end = self.hook_state.last_ready - self.recorder.t0
+        self.recorder.span(self.worker, self.step, "compute", start, end)
+
+    def _apply(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+    def allreduce(self, action: AllReduceGradients) -> None:
+        state = self.hook_state
+        # Overlapped buckets start as soon as the first is ready; held ones
+        # (overlap off) all start when the last is ready.
+        launched = state.last_ready if state.defer else state.first_ready
+        start = launched - self.recorder.t0 if launched else self.backward_end
+        self.buckets = list(state.buckets)
+        self.bytes_sent += state.bytes
+        self._apply()
+        now = self.recorder.now()
+        self.recorder.span(self.worker, self.step, "allreduce", start, self.backward_end, state.bytes)
+        self.recorder.update(self.worker, self.step, self.read_version, self.version, now)
+        self.version += 1
+
+    def local_update(self, action: LocalUpdate) -> None:
+        # No trace row: like the optimiser step after an all-reduce, a local
+        # update moves no bytes, and the simulator's trace lists only compute
+        # and communication (syncsim.recorder.KINDS).
+        self._apply()
+        self.pending_local.append(self.step)
+
+    def average(self, action: AverageParameters) -> None:
+        start = self.recorder.now()
+        params = list(self.model.parameters())
+        if self.wire_dtype == torch.float32:
+            self.averager.average_parameters(params)
+        else:
+            flat = flat_params(self.model).to(self.wire_dtype).div_(self.cfg.world)
+            dist.all_reduce(flat, group=self.group)
+            self._load_flat(flat.float())
+        nbytes = sum(p.numel() for p in params) * torch.tensor([], dtype=self.wire_dtype).element_size()
+        self.bytes_sent += nbytes
+        end = self.recorder.now()
+        self.recorder.span(self.worker, self.step, "average", start, end, nbytes)
+        for step in self.pending_local:
+            self.recorder.update(self.worker, step, self.version, self.version, end)
+        self.pending_local = []
+        self.version += 1
+
+    def push(self, action: Push) -> None:
+        start = self.recorder.now()
+        grads = [p.grad.reshape(-1) for p in self.model.parameters()]
+        flat = torch.cat(grads).float()
+        nbytes = self.client.push(flat.cpu(), self.step, action.aggregate)
+        self.clock += 1
+        self.bytes_sent += nbytes
+        self.recorder.span(self.worker, self.step, "push", start, self.recorder.now(), nbytes)
+
+    def wait(self, action: WaitForClock) -> None:
+        start = self.recorder.now()
+        self.client.wait(self.step, self.clock - action.slack)
+        self.recorder.span(self.worker, self.step, "wait", start, self.recorder.now())
+
+    def pull(self, action: Pull) -> None:
+        start = self.recorder.now()
+        flat, nbytes = self.client.pull(self.step)
+        self._load_flat(flat.to(self.device))
+        self.bytes_sent += nbytes
+        self.recorder.span(self.worker, self.step, "pull", start, self.recorder.now(), nbytes)
+
+    def _load_flat(self, flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    # -- results ------------------------------------------------------------------
+    def result(self) -> dict:
+        return {
+            "rank": self.rank, "role": "worker", "steps_done": self.completed,
+            "step_starts": self.step_starts, "bytes_sent": self.bytes_sent,
+            "final_loss": float(self.losses[-1]) if self.losses else None,
+            "losses": [float(v) for v in self.losses],
+            "checksum": checksum(self.model), "checksums": self.checksums, "buckets": self.buckets,
+        }

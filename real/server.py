@@ -1,0 +1,181 @@
+"""A small parameter server over torch.distributed point-to-point messages.
+
+torch has no parameter server, so this is the one piece the executor builds
+(DESIGN.md, "the real side"). Server ranks world..world+K-1 each hold an
+equal contiguous shard of the flattened fp32 parameters, a version counter
+and a clock table (completed pushes per worker). Workers talk to every server
+with a 3-int header on tag HEADER followed, for a push, by the gradient shard
+in the wire precision on tag PAYLOAD; a server answers a pull with its shard
+on tag REPLY and a satisfied clock wait with one int on tag WAKE. Messages
+between one pair of ranks on one tag arrive in order (gloo pairs are ordered
+TCP streams), and a server takes headers from any source (``dist.recv`` with
+no ``src``), so it serves workers in arrival order.
+
+Semantics are syncsim.schemes.actions': each worker's gradient is weighed by
+1/W; ``aggregate`` pushes are applied W at a time as one version, the others
+on arrival, one version each; a wait is answered once min(clocks) >= the
+threshold the worker sends (its clock minus the slack). The first server's
+update log is the run's updates.csv: it sees every push and every pull, so it
+knows the version each gradient read (the version at that worker's last pull)
+and the version it was applied to. With several servers, async arrivals can
+interleave differently on each shard; the first shard's order is reported.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from real.trace import Recorder
+
+__all__ = ["Server", "Client", "shard_bounds"]
+
+HEADER, PAYLOAD, REPLY, WAKE = 1, 2, 3, 4
+PUSH, PULL, WAIT, STOP = 1, 2, 3, 4
+
+
+def shard_bounds(numel: int, servers: int) -> list[tuple[int, int]]:
+    """Equal contiguous shards (sizes differ by at most one element)."""
+    base, extra = divmod(numel, servers)
+    bounds, start = [], 0
+    for k in range(servers):
+        end = start + base + (k < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+class Server:
+    def __init__(self, rank: int, world: int, servers: int, flat_params: torch.Tensor, lr: float,
+                 wire_dtype: torch.dtype, recorder: Recorder, slow: float = 1.0,
+                 fail_step: int | None = None, fail_mode: str = "crash", progress=lambda step: None):
+        self.rank, self.world, self.index = rank, world, rank - world
+        start, end = shard_bounds(flat_params.numel(), servers)[self.index]
+        self.shard = flat_params[start:end].clone()
+        self.lr, self.wire_dtype, self.recorder = lr, wire_dtype, recorder
+        self.slow, self.fail_step, self.fail_mode = slow, fail_step, fail_mode
+        self.progress = progress
+        self.version = 0
+        self.clocks = [0] * world
+        self.read_version = [0] * world  # version each worker's last pull started at
+        self.round: list[tuple[int, int]] = []
+        self.round_sum = torch.zeros_like(self.shard)
+        self.waiting: list[tuple[int, int]] = []
+        self.step = -1  # the latest push's step, for failure messages
+        self.pushes = 0
+
+    @property
+    def logs_updates(self) -> bool:
+        return self.index == 0
+
+    def run(self) -> None:
+        header = torch.zeros(3, dtype=torch.int64)
+        payload = torch.empty(self.shard.numel(), dtype=self.wire_dtype)
+        stopped = 0
+        while stopped < self.world:
+            src = dist.recv(header, tag=HEADER)
+            op, step, arg = (int(v) for v in header)
+            if op == PUSH:
+                dist.recv(payload, src=src, tag=PAYLOAD)
+                if step > self.step:
+                    self.step = step
+                    self.progress(step)
+                self.maybe_fail(step)
+                t0 = time.perf_counter()
+                self.apply(src, step, payload.float(), aggregate=bool(arg))
+                if self.slow > 1.0:
+                    time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
+                self.wake()
+            elif op == PULL:
+                self.read_version[src] = self.version
+                dist.send(self.shard.to(self.wire_dtype), dst=src, tag=REPLY)
+            elif op == WAIT:
+                self.waiting.append((src, arg))
+                self.wake()
+            elif op == STOP:
+                stopped += 1
+            else:
+                raise RuntimeError(f"server rank {self.rank}: unknown message {op} from rank {src}")
+
+    def result(self) -> dict:
+        return {"rank": self.rank, "role": "server", "pushes": self.pushes, "version": self.version,
+                "step": self.step}
+
+    def apply(self, worker: int, step: int, grad: torch.Tensor, aggregate: bool) -> None:
+        self.clocks[worker] += 1
+        self.pushes += 1
+        now = self.recorder.now()
+        if aggregate:
+            self.round_sum += grad
+            self.round.append((worker, step))
+            if len(self.round) < self.world:
+                return
+            self.shard -= self.lr / self.world * self.round_sum
+            self.round_sum.zero_()
+            now = self.recorder.now()
+            if self.logs_updates:
+                for w, s in self.round:
+                    self.recorder.update(w, s, self.version, self.version, now)
+            self.round = []
+        else:
+            self.shard -= self.lr / self.world * grad
+            if self.logs_updates:
+                self.recorder.update(worker, step, self.read_version[worker], self.version, now)
+        self.version += 1
+
+    def wake(self) -> None:
+        slowest = min(self.clocks)
+        ready = [item for item in self.waiting if slowest >= item[1]]
+        self.waiting = [item for item in self.waiting if slowest < item[1]]
+        for src, _ in ready:
+            dist.send(torch.tensor([self.version], dtype=torch.int64), dst=src, tag=WAKE)
+
+    def maybe_fail(self, step: int) -> None:
+        if self.fail_step is not None and step >= self.fail_step:
+            if self.fail_mode == "hang":
+                while True:
+                    time.sleep(3600)
+            raise RuntimeError(f"injected failure (--fail {self.rank}:{self.fail_step})")
+
+
+class Client:
+    """A worker's side of the protocol; returns payload bytes moved so the executor can count them."""
+
+    def __init__(self, world: int, servers: int, numel: int, wire_dtype: torch.dtype):
+        self.servers = list(range(world, world + servers))
+        self.bounds = shard_bounds(numel, servers)
+        self.wire_dtype = wire_dtype
+        self.itemsize = torch.tensor([], dtype=wire_dtype).element_size()
+
+    def _headers(self, op: int, step: int, arg: int) -> list:
+        header = torch.tensor([op, step, arg], dtype=torch.int64)
+        return [dist.isend(header, dst=s, tag=HEADER) for s in self.servers]
+
+    def push(self, flat_grad: torch.Tensor, step: int, aggregate: bool) -> int:
+        wire = flat_grad.to(self.wire_dtype)
+        works = self._headers(PUSH, step, int(aggregate))
+        works += [dist.isend(wire[a:b], dst=s, tag=PAYLOAD) for s, (a, b) in zip(self.servers, self.bounds)]
+        for w in works:
+            w.wait()
+        return wire.numel() * self.itemsize
+
+    def wait(self, step: int, threshold: int) -> None:
+        wake = [torch.zeros(1, dtype=torch.int64) for _ in self.servers]
+        works = [dist.irecv(t, src=s, tag=WAKE) for t, s in zip(wake, self.servers)]
+        works += self._headers(WAIT, step, threshold)
+        for w in works:
+            w.wait()
+
+    def pull(self, step: int) -> tuple[torch.Tensor, int]:
+        wire = torch.empty(self.bounds[-1][1], dtype=self.wire_dtype)
+        works = [dist.irecv(wire[a:b], src=s, tag=REPLY) for s, (a, b) in zip(self.servers, self.bounds)]
+        works += self._headers(PULL, step, 0)
+        for w in works:
+            w.wait()
+        return wire.float(), wire.numel() * self.itemsize
+
+    def stop(self) -> None:
+        for w in self._headers(STOP, -1, 0):
+            w.wait()

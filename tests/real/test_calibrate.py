@@ -1,0 +1,38 @@
+"""Calibration writes a file that syncsim's Cluster and Workload load as they are."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from real.calibrate import fit_linear
+from syncsim.cluster import Cluster
+from syncsim.workload import Workload
+from tests.real.conftest import run_cli
+
+
+def test_fit_recovers_alpha_and_beta():
+    n = np.array([1e3, 1e4, 1e5, 1e6, 1e7])
+    a, b, r2, res = fit_linear(n, 50e-6 + n / 2e9)
+    assert a == pytest.approx(50e-6) and 1 / b == pytest.approx(2e9) and r2 == pytest.approx(1.0)
+    assert max(map(abs, res)) < 1e-9
+
+
+@pytest.mark.distributed
+def test_calibration_file_loads_into_cluster_and_workload(tmp_path):
+    out = tmp_path / "cal.json"
+    proc = run_cli(["--model", "mlp", "--world", "2", "--servers", "1", "--repeats", "2", "--out", str(out)],
+                   module="real.calibrate", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cluster, workload = Cluster.from_json(out), Workload.from_json(out)
+    fit = json.loads(out.read_text())["fit"]
+    assert cluster.gpus == 2 and cluster.servers == 1
+    assert cluster.worker_net.bandwidth == pytest.approx(fit["allreduce"]["bandwidth"])
+    assert cluster.server_net.bandwidth == pytest.approx(fit["pingpong"]["bandwidth"])
+    assert workload.param_bytes == 101_770 * 4 and workload.compute_time > 0
+    assert 0 < workload.backward_fraction < 1
+    for name in ("allreduce", "pingpong"):
+        assert fit[name]["bandwidth"] > 1e7 and fit[name]["alpha"] >= 0 and np.isfinite(fit[name]["r2"])
+    assert set(fit["compute"]) == {"fp32", "amp"}
