@@ -11,32 +11,17 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["Recorder", "TRACE_COLUMNS", "UPDATE_COLUMNS", "write_atomic", "merge", "rank_dir"]
+from syncsim.files import write_atomic
+from syncsim.recorder import TRACE_COLUMNS, UPDATE_COLUMNS  # the simulator's schema, column for column
 
-TRACE_COLUMNS = ("worker", "step", "kind", "start", "end", "bytes")
-UPDATE_COLUMNS = ("worker", "step", "version_read", "version_applied", "staleness", "time_applied")
+__all__ = ["Recorder", "TRACE_COLUMNS", "UPDATE_COLUMNS", "write_atomic", "merge", "rank_dir"]
 
 
 def rank_dir(out: str | Path) -> Path:
     return Path(out) / "ranks"
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _csv_text(columns: tuple[str, ...], rows: list[tuple]) -> str:

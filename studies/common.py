@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -11,6 +10,8 @@ from typing import Any
 
 import pandas as pd
 from tqdm import tqdm
+
+from syncsim.files import write_atomic
 
 __all__ = ["run_all", "write_csv", "default_jobs"]
 
@@ -42,9 +43,5 @@ def run_all(function: Callable[[Any], dict], configs: Sequence[Any], jobs: int, 
 def write_csv(rows: Iterable[dict] | pd.DataFrame, path: Path) -> pd.DataFrame:
     """Write atomically (temp file, then rename): a reader never sees half a CSV."""
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    frame.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    write_atomic(path, frame.to_csv(index=False))
     return frame

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from syncsim.config import check_float, check_int, check_positive
+from syncsim.config import check_float, check_int, check_positive, from_dict
+from syncsim.files import write_atomic
 from syncsim.units import parse_bandwidth, parse_time
 
 __all__ = ["Link", "Cluster", "CLUSTER_PRESETS"]
@@ -155,16 +156,7 @@ class Cluster:
 
     @classmethod
     def from_dict(cls, data: dict) -> Cluster:
-        data = dict(data)
-        if "cluster" in data and isinstance(data["cluster"], dict):
-            data = dict(data["cluster"])
-        if data.get("speed") is not None:
-            data["speed"] = tuple(data["speed"])
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"Cluster has no field(s) {sorted(unknown)}; allowed: {sorted(known)}")
-        return cls(**data)
+        return from_dict(cls, data, "cluster", ("speed",))  # type: ignore[return-value]
 
     @classmethod
     def from_json(cls, path: str | Path) -> Cluster:
@@ -172,7 +164,7 @@ class Cluster:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+        write_atomic(path, json.dumps(self.to_dict(), indent=2))
 
 
 # Sourced cluster presets: 8 GPUs per node on NVLink, one NIC per GPU.

@@ -43,3 +43,18 @@ def check_choice(owner: str, field: str, value: object, allowed: Sequence[str]) 
 
 def check_positive(owner: str, field: str, value: float) -> float:
     return check_float(owner, field, value, low=0.0, low_open=True)
+
+
+def from_dict(cls: type, data: dict, key: str, tuple_fields: tuple[str, ...] = ()) -> object:
+    """Build a config dataclass from ``data``, or from ``data[key]`` when it is a larger document."""
+    data = dict(data)
+    if isinstance(data.get(key), dict):
+        data = dict(data[key])
+    for name in tuple_fields:
+        if data.get(name) is not None:
+            data[name] = tuple(data[name])
+    known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}; allowed: {sorted(known)}")
+    return cls(**data)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -13,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from syncsim.cluster import Cluster
+from syncsim.files import write_atomic
 from syncsim.recorder import Recorder
 from syncsim.schemes import Scheme
 from syncsim.workload import Workload
@@ -139,14 +138,6 @@ class SimResult:
             })
         meta = {"scheme": str(self.scheme), "cluster": self.cluster.name, "workload": self.workload.name,
                 "gpus": self.workers, "steps": self.steps, "seed": self.seed}
-        return _write_atomic(Path(path), json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
+        return write_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
                                                      "otherData": meta}))
 
-
-def _write_atomic(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-    return path

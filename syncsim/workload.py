@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncsim.config import check_float, check_int, check_positive
+from syncsim.config import check_float, check_int, check_positive, from_dict
+from syncsim.files import write_atomic
 from syncsim.units import parse_size, parse_time
 
 __all__ = ["Workload", "WORKLOAD_PRESETS", "estimate_step_time"]
@@ -128,16 +129,7 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: dict) -> Workload:
-        data = dict(data)
-        if "workload" in data and isinstance(data["workload"], dict):
-            data = dict(data["workload"])
-        if data.get("layers") is not None:
-            data["layers"] = tuple(data["layers"])
-        known = set(cls.__dataclass_fields__)
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"Workload has no field(s) {sorted(unknown)}; allowed: {sorted(known)}")
-        return cls(**data)
+        return from_dict(cls, data, "workload", ("layers",))  # type: ignore[return-value]
 
     @classmethod
     def from_json(cls, path: str | Path) -> Workload:
@@ -145,7 +137,7 @@ class Workload:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+        write_atomic(path, json.dumps(self.to_dict(), indent=2))
 
 
 # -- presets --------------------------------------------------------------------
