@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -13,7 +14,7 @@ from tqdm import tqdm
 
 from syncsim.files import write_atomic
 
-__all__ = ["run_all", "write_csv", "default_jobs"]
+__all__ = ["run_all", "write_csv", "default_jobs", "parse_args"]
 
 
 def default_jobs() -> int:
@@ -45,3 +46,15 @@ def write_csv(rows: Iterable[dict] | pd.DataFrame, path: Path) -> pd.DataFrame:
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     write_atomic(path, frame.to_csv(index=False))
     return frame
+
+
+def parse_args(prog: str, doc: str, default_out: str, argv: list[str] | None) -> argparse.Namespace:
+    """The options every study takes: ``--out DIR``, ``--quick``, ``--jobs N``."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(default_out), help="output folder")
+    parser.add_argument("--quick", action="store_true", help="a small grid for tests (seconds)")
+    parser.add_argument("--jobs", type=int, default=default_jobs(), help="worker processes (default: cores)")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    return args

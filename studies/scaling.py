@@ -16,7 +16,6 @@ the cluster's inter-node link, so server capacity grows with the cluster.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from studies.common import default_jobs, run_all, write_csv
+from studies.common import parse_args, run_all, write_csv
 from syncsim import Cluster, Workload, simulate
 from syncsim.config import check_float, check_int
 from syncsim.schemes import parse
@@ -141,13 +140,7 @@ def telling_trace(out: Path, quick_run: bool) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.scaling", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results/scaling"), help="output folder")
-    parser.add_argument("--quick", action="store_true", help="a small grid for tests (seconds)")
-    parser.add_argument("--jobs", type=int, default=default_jobs(), help="worker processes (default: cores)")
-    args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    args = parse_args("python -m studies.scaling", __doc__, "results/scaling", argv)
     study = quick() if args.quick else Study()
     started = time.perf_counter()
     rows = run_all(simulate_run, study.runs(), args.jobs, "scaling")

@@ -117,8 +117,8 @@ class _Run:
     def _compute(self, w, step, action, pending):  # pragma: no cover - handled inline in worker()
         yield from ()
 
-    def _settle(self, w: int, step: int, pending: list, extra: float = 0.0):
-        """Wait until the outstanding compute (and any owed latency, plus ``extra``) is over."""
+    def _ready_in(self, w: int, step: int, pending: list, extra: float = 0.0) -> float:
+        """Seconds until the outstanding compute (and any owed latency, plus ``extra``) is over."""
         now = self.env.now
         ready = now + pending[3]
         pending[3] = 0.0
@@ -126,10 +126,14 @@ class _Run:
             start, duration = pending[0], pending[1]
             pending[2] = False
             self.recorder.event(w, step, _COMPUTE, start, start + duration, 0.0)
-            ready = max(ready, start + duration)
-        ready += extra
-        if ready > now:
-            yield self.env.timeout(ready - now)
+            if start + duration > ready:
+                ready = start + duration
+        return ready + extra - now
+
+    def _settle(self, w: int, step: int, pending: list):
+        delay = self._ready_in(w, step, pending)
+        if delay > 0:
+            yield self.env.timeout(delay)
 
     def _allreduce(self, w: int, step: int, action: AllReduceGradients, pending: list):
         if pending[2]:
@@ -152,7 +156,9 @@ class _Run:
     def _push(self, w: int, step: int, action: Push, pending: list):
         servers = self.servers
         sent = max(self.env.now + pending[3], pending[0] + pending[1] if pending[2] else 0.0)
-        yield from self._settle(w, step, pending, extra=servers.latency)  # type: ignore[union-attr]
+        delay = self._ready_in(w, step, pending, servers.latency)  # type: ignore[union-attr]
+        if delay > 0:
+            yield self.env.timeout(delay)
         yield servers.push(action.nbytes)  # type: ignore[union-attr]
         self.recorder.event(w, step, _PUSH, sent, self.env.now, action.nbytes)
         servers.arrive(w, step, self.state.read[w], action.aggregate)  # type: ignore[union-attr]

@@ -1,0 +1,285 @@
+"""Re-enact a simulated run's update order on an optimisation problem.
+
+``simulate`` decides *when* each gradient lands and *which parameter version*
+it was computed on; the replay carries out the same actions (the scheme's
+policy, step by step) on a real problem, in the simulated applied order:
+
+- ``Compute``: the gradient of the worker's own minibatch (``Sampler``) at the
+  parameters the worker holds: its replica, or — once it pulls — the server
+  version the updates table says it read;
+- ``AllReduceGradients``: every worker's gradient crosses the wire, the mean
+  comes back, and each replica steps with its own optimiser state;
+- ``LocalUpdate``: the worker steps its own replica, nothing crosses the wire;
+- ``AverageParameters``: every replica becomes the replicas' mean;
+- ``Push``: the servers apply the gradient with weight 1/W on arrival, or a
+  round's W gradients together (``aggregate``), with the server's optimiser;
+- ``WaitForClock``: nothing — the simulated order already reflects the wait;
+- ``Pull``: from now on the worker computes on the server's versions.
+
+Like the simulator and the real executor, the replay dispatches only on the
+action, never on the scheme. Collectives complete when the last of the W
+workers joins, as on a communicator, so a round's replicas never change while
+its gradients are still being computed. fp16 gradients crossing the wire are
+loss-scaled (``scaler.py``); what crosses the wire is rounded (``wire.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import numpy as np
+import pandas as pd
+
+from syncsim.config import check_int
+from syncsim.convergence.optimizer import SGD
+from syncsim.convergence.problems import Problem
+from syncsim.convergence.sampler import Sampler
+from syncsim.convergence.scaler import LossScaling
+from syncsim.convergence.wire import Wire
+from syncsim.result import SimResult
+from syncsim.schemes import (
+    AllReduceGradients,
+    AverageParameters,
+    Compute,
+    LocalUpdate,
+    Pull,
+    Push,
+    WaitForClock,
+)
+
+__all__ = ["Replayer", "replay", "DEFAULT_EVALUATIONS"]
+
+# Evaluations per replay when ``every`` is not given: enough points for a
+# smooth curve and a time-to-target resolution of 0.5% of the run, while the
+# held-out evaluation stays a small share of the replay's cost.
+DEFAULT_EVALUATIONS = 200
+
+SERVER, REPLICAS = "server", "replicas"
+
+
+class Replayer:
+    """The state of one replay: worker replicas, server parameters, optimiser and loss-scaler state.
+
+    ``run(on_version=..., on_compute=...)`` walks the updates table; the hooks
+    see every new version ``(version, time, gradients_applied)`` and every
+    gradient's inputs ``(worker, step, parameters)``. ``on_version`` may return
+    True to stop early.
+    """
+
+    def __init__(self, result: SimResult, problem: Problem, lr: float, momentum: float = 0.0, seed: int = 0,
+                 scaling: LossScaling | None = None) -> None:
+        if not isinstance(result, SimResult):
+            raise ValueError(f"replay needs a SimResult from syncsim.simulate, got {type(result).__name__}")
+        if not isinstance(problem, Problem):
+            raise ValueError(f"replay needs a syncsim.convergence Problem, got {type(problem).__name__}")
+        self.seed = check_int("replay", "seed", seed, 0)
+        self.result, self.problem = result, problem
+        self.optimizer = SGD(lr, momentum)
+        self.workers = workers = result.workers
+        self.steps = result.steps
+        workload = result.workload
+        self.policy = result.scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
+        self.wire = Wire(result.scheme.precision)
+        # Only fp16 has too little range for raw gradients (see scaler.py).
+        self.scaler = (scaling or LossScaling()).scaler(workers) if self.wire.precision == "fp16" else None
+        self.sampler = Sampler(problem.samples, workload.batch_size, workers, seed)
+
+        x0 = np.asarray(problem.init(seed), dtype=float)
+        self.replicas = np.tile(x0, (workers, 1))
+        self.replica_velocity = np.zeros_like(self.replicas)
+        self.server = x0.copy()
+        self.server_velocity = np.zeros_like(x0)
+        self.pulled = [False] * workers
+        self.gradients: list[np.ndarray | None] = [None] * workers
+        self.home = REPLICAS      # which copy holds the authoritative parameters
+        self.version = 0
+        self.applied = 0          # gradients folded into the authoritative parameters so far
+        self.skipped = 0          # optimiser steps skipped for overflow
+
+        updates = result.updates
+        order = np.lexsort((updates["step"].to_numpy(), updates["worker"].to_numpy(),
+                            updates["version_applied"].to_numpy()))
+        self.columns = [updates[c].to_numpy()[order].tolist()
+                        for c in ("worker", "step", "version_read", "version_applied", "time_applied")]
+        # A gradient reads at most max-staleness versions back: keep that many server versions.
+        self.depth = int(updates["staleness"].max()) + 1 if len(updates) else 1
+        self.history = np.empty((self.depth, len(x0)))
+        self.history[0] = self.wire.send(x0)
+        self._joined: list[int] = []
+        self._round: list[tuple[np.ndarray, bool]] = []
+        self._handlers: dict[type, Callable] = {
+            Compute: self._compute, AllReduceGradients: self._allreduce, LocalUpdate: self._local_update,
+            AverageParameters: self._average, Push: self._push, WaitForClock: self._wait, Pull: self._pull,
+        }
+        self.on_version: Callable | None = None
+        self.on_compute: Callable | None = None
+        self._stop = False
+
+    # -- the walk -------------------------------------------------------------------
+    def run(self, on_version: Callable | None = None, on_compute: Callable | None = None) -> Replayer:
+        self.on_version, self.on_compute = on_version, on_compute
+        plan, steps, handlers = self.policy.plan, self.steps, self._handlers
+        with np.errstate(all="ignore"), single_blas_thread():  # a diverging run overflows; its loss says so
+            for row, (w, t, r, a, time) in enumerate(zip(*self.columns)):
+                self.row = row
+                for action in plan(t, steps):
+                    handlers[type(action)](w, t, r, a, time, action)
+                if self._stop:
+                    return self
+        if self._joined or self._round:
+            raise RuntimeError(f"the updates table ends inside a collective: {len(self._joined) + len(self._round)}"
+                               f" of {self.workers} workers joined")
+        return self
+
+    def parameters(self) -> np.ndarray:
+        """The authoritative parameters: the server's, or the replicas' common value after a sync."""
+        # After every synchronisation the replicas are bit-identical (a tested invariant), so row 0 is the value.
+        return self.server if self.home == SERVER else self.replicas[0]
+
+    def _new_version(self, version_applied: int, time: float, home: str) -> None:
+        if version_applied != self.version:
+            raise RuntimeError(f"replay is at version {self.version} but the updates table applies to "
+                               f"{version_applied}: the table is not in applied order")
+        self.version += 1
+        self.applied = self.row + 1
+        self.home = home
+        if home == SERVER:
+            self.history[self.version % self.depth] = self.wire.send(self.server)
+        if self.on_version is not None and self.on_version(self.version, time, self.applied):
+            self._stop = True
+
+    def _read(self, version: int) -> np.ndarray:
+        if not self.version - self.depth < version <= self.version:
+            raise RuntimeError(f"a gradient reads version {version} but the replay keeps versions "
+                               f"{max(0, self.version - self.depth + 1)}..{self.version}")
+        return self.history[version % self.depth]
+
+    # -- sending gradients ------------------------------------------------------------
+    def _scale(self, w: int) -> float:
+        return 1.0 if self.scaler is None else float(self.scaler.scale[w])
+
+    # -- actions ----------------------------------------------------------------------
+    def _compute(self, w, t, r, a, time, action) -> None:
+        x = self._read(r) if self.pulled[w] else self.replicas[w]
+        if self.on_compute is not None:
+            self.on_compute(w, t, x)
+        self.gradients[w] = self.problem.gradient(x, self.sampler.indices(w, t))
+
+    def _local_update(self, w, t, r, a, time, action) -> None:
+        self.optimizer.step(self.replicas[w], self.replica_velocity[w], self.gradients[w])
+
+    def _join(self, w: int) -> bool:
+        self._joined.append(w)
+        if len(self._joined) < self.workers:
+            return False
+        if sorted(self._joined) != list(range(self.workers)):
+            raise RuntimeError(f"a collective was joined by workers {sorted(self._joined)}, not each worker once")
+        self._joined.clear()
+        return True
+
+    def _allreduce(self, w, t, r, a, time, action) -> None:
+        if not self._join(w):
+            return
+        scales = np.array([self._scale(v) for v in range(self.workers)])
+        scaled = np.stack(self.gradients)
+        if self.scaler is not None:
+            scaled *= scales[:, None]
+        reduced = self.wire.mean(scaled)
+        if self.scaler is not None:
+            # Every worker receives the same reduced gradient, so all find (or miss) the overflow together.
+            found_inf = not np.isfinite(reduced).all()
+            for v in range(self.workers):
+                self.scaler.update(v, found_inf)
+            if found_inf:
+                self.skipped += 1
+                return self._new_version(a, time, REPLICAS)
+            reduced = reduced[None, :] / scales[:, None]
+        self.optimizer.step(self.replicas, self.replica_velocity, reduced)
+        self._new_version(a, time, REPLICAS)
+
+    def _average(self, w, t, r, a, time, action) -> None:
+        if not self._join(w):
+            return
+        self.replicas[:] = self.wire.average_parameters(self.replicas)
+        self._new_version(a, time, REPLICAS)
+
+    def _push(self, w, t, r, a, time, action) -> None:
+        gradient, found_inf = self.gradients[w], False
+        if self.scaler is None:
+            sent = self.wire.send(gradient)
+        else:
+            scale = self._scale(w)
+            sent = self.wire.send(gradient * scale)
+            found_inf = not np.isfinite(sent).all()
+            self.scaler.update(w, found_inf)
+            sent = sent / scale
+        if action.aggregate:
+            self._round.append((sent, found_inf))
+            if len(self._round) < self.workers:
+                return
+            arrivals, self._round = self._round, []
+            if any(bad for _, bad in arrivals):
+                self.skipped += 1
+            else:   # each gradient weighs 1/W: the round applies their mean as one step
+                self.optimizer.step(self.server, self.server_velocity, np.mean([g for g, _ in arrivals], axis=0))
+        elif found_inf:
+            self.skipped += 1
+        else:
+            self.optimizer.step(self.server, self.server_velocity, sent * (1.0 / self.workers))
+        self._new_version(a, time, SERVER)
+
+    def _wait(self, w, t, r, a, time, action) -> None:
+        return None
+
+    def _pull(self, w, t, r, a, time, action) -> None:
+        self.pulled[w] = True
+
+
+def single_blas_thread():
+    """One BLAS thread while replaying: each update's products are tiny, and OpenBLAS's threads
+    cost more than they gain there (measured 2-3× slower on the project's 2-core machine)."""
+    try:
+        from threadpoolctl import threadpool_limits  # installed with scikit-learn
+    except ImportError:  # pragma: no cover - scikit-learn is a dependency
+        return nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def replay(result: SimResult, problem: Problem, lr: float, momentum: float = 0.0, seed: int = 0,
+           every: int | None = None, scaling: LossScaling | None = None,
+           stop: Callable[[dict], bool] | None = None) -> pd.DataFrame:
+    """Loss (and accuracy) against simulated time of ``problem`` trained in ``result``'s update order.
+
+    Rows: version 0 at time 0, then every ``every`` versions (default: about
+    200 rows per run) and the last version. Columns: time (simulated seconds),
+    version, gradients (applied so far), steps (gradients per worker: the
+    glossary's step, comparable across schemes), then the problem's metrics.
+    ``stop(row)`` returning True ends the replay early (e.g. once a target is
+    met); a non-finite loss ends it too.
+    """
+    replayer = Replayer(result, problem, lr, momentum, seed, scaling)
+    total = int(result.versions)
+    every = max(1, total // DEFAULT_EVALUATIONS) if every is None else check_int("replay", "every", every, 1)
+    workers = replayer.workers
+    rows: list[dict] = []
+
+    def record(version: int, time: float, applied: int) -> bool:
+        row = {"time": time, "version": version, "gradients": applied, "steps": applied / workers,
+               **problem.evaluate(replayer.parameters())}
+        rows.append(row)
+        return not np.isfinite(row["loss"]) or (stop is not None and bool(stop(row)))
+
+    def on_version(version: int, time: float, applied: int) -> bool:
+        if version % every == 0 or version == total:
+            return record(version, time, applied)
+        return False
+
+    with np.errstate(all="ignore"), single_blas_thread():
+        stopped = record(0, 0.0, 0)
+    if not stopped:
+        replayer.run(on_version=on_version)
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(scheme=str(result.scheme), workers=workers, lr=replayer.optimizer.lr,
+                       momentum=replayer.optimizer.momentum, skipped=replayer.skipped)
+    return frame

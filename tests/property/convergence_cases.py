@@ -1,0 +1,49 @@
+"""Small clusters, workloads and capture hooks shared by the convergence property tests."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from syncsim import Cluster, Link, Workload, simulate
+from syncsim.convergence import LogisticRegression, Replayer
+
+LINK = Link("10Gbit/s", "5us")
+
+# Registered in tests/property/conftest.py; CI sets CI=true (the same test as tests/conftest.py).
+CONVERGENCE = settings.get_profile("convergence-ci" if os.environ.get("CI") else "convergence-dev")
+
+
+def cluster(workers: int, jitter: float = 0.0, straggler_prob: float = 0.0, slowdown: float = 1.0) -> Cluster:
+    return Cluster.homogeneous(workers, LINK, servers=1, jitter=jitter, straggler_prob=straggler_prob,
+                               straggler_slowdown=slowdown)
+
+
+def workload(batch_size: int, params: int = 16) -> Workload:
+    return Workload(param_bytes=4.0 * params, compute_time="10ms", batch_size=batch_size)
+
+
+def run(workers, batch, scheme, steps, seed=0, jitter=0.0, straggler_prob=0.0, slowdown=1.0):
+    return simulate(cluster(workers, jitter, straggler_prob, slowdown), workload(batch), scheme,
+                    steps=steps, seed=seed)
+
+
+def versions(result, problem, lr, momentum=0.0, seed=0) -> list[np.ndarray]:
+    """The authoritative parameters at version 0, 1, 2, ... of a replay."""
+    replayer = Replayer(result, problem, lr, momentum, seed)
+    states = [replayer.parameters().copy()]
+    replayer.run(on_version=lambda v, t, n: states.append(replayer.parameters().copy()) and False)
+    return states
+
+
+def assert_same(actual: np.ndarray, expected: np.ndarray, problem) -> None:
+    """Equal up to rounding, relative to the vector's size (LogisticRegression sums float32 products)."""
+    rtol = 1e-5 if isinstance(problem, LogisticRegression) else 1e-9
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * max(1.0, float(np.abs(expected).max())))
+
+
+jitters = st.sampled_from([0.0, 0.1, 0.5])
+seeds = st.integers(0, 2**16)
