@@ -8,17 +8,23 @@
    done) with no simulation logic at all, measured in the same run.
 3. Wall time against GPUs x steps from 64 to 4,096 GPUs and the fitted
    exponent of wall ~ (GPUs x steps)^b (goal b <= 1.1).
+
+Timed figures are the best of three runs; the async figure and its ceiling
+are measured interleaved, so their ratio is robust to machine load.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import numpy as np
 import simpy
 
 from syncsim import Cluster, Workload, simulate
+
+REPEATS = 3  # best of three: this machine is shared and noisy
 
 
 def bare_simpy_ceiling(workers: int, steps: int) -> float:
@@ -44,9 +50,13 @@ def bare_simpy_ceiling(workers: int, steps: int) -> float:
 
     for _ in range(workers):
         env.process(worker(rng.lognormal(0, 0.05, steps)))
-    start = time.perf_counter()
-    env.run()
-    return workers * steps / (time.perf_counter() - start)
+    gc.disable()  # as simulate() does
+    try:
+        start = time.perf_counter()
+        env.run()
+        return workers * steps / (time.perf_counter() - start)
+    finally:
+        gc.enable()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,16 +68,19 @@ def main(argv: list[str] | None = None) -> None:
 
     gpus, steps = 1024 // scale, 1000 // scale
     cluster = Cluster.preset("a100-100g", gpus=gpus).replace(jitter=0.05)
-    res = simulate(cluster, workload, "allreduce", steps=steps, seed=0)
+    res = min((simulate(cluster, workload, "allreduce", steps=steps, seed=0) for _ in range(REPEATS)),
+              key=lambda r: r.wall_time)
     rate = gpus * steps / res.wall_time
     print(f"[1] sync ring all-reduce, {cluster.nodes} nodes x {cluster.gpus_per_node} GPUs x {steps} steps, "
           f"jitter 0.05: {res.wall_time:.2f} s wall, {rate / 1e3:.0f}k GPU-steps/s (goal <= 5 s, >= 200k/s)")
 
     workers, ps_steps = 1024 // scale, 100 // scale
     cluster = Cluster.preset("a100-100g", gpus=workers).replace(jitter=0.05, servers=16)
-    res = simulate(cluster, workload, "ps:mode=async", steps=ps_steps, seed=0)
-    updates = len(res.updates) / res.wall_time
-    ceiling = bare_simpy_ceiling(workers, ps_steps)
+    updates = ceiling = 0.0
+    for _ in range(REPEATS):  # interleaved, so both see the same machine
+        res = simulate(cluster, workload, "ps:mode=async", steps=ps_steps, seed=0)
+        updates = max(updates, len(res.updates) / res.wall_time)
+        ceiling = max(ceiling, bare_simpy_ceiling(workers, ps_steps))
     print(f"[2] async PS, {workers} workers, 16 servers, {ps_steps} steps: {updates / 1e3:.0f}k applied updates/s "
           f"(goal >= 100k); bare SimPy, 3 events/update, no logic: {ceiling / 1e3:.0f}k/s "
           f"-> engine at {updates / ceiling:.0%} of that ceiling")
