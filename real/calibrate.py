@@ -5,9 +5,11 @@ and ``Workload.from_json`` read the first two keys, so ``simulate`` predicts
 this very setup; "fit" keeps the raw sweeps and the quality of each fit.
 
 - Compute: ``Workload.from_torch`` times forward and backward of one batch
-  (median of repeats), without and with autocast (bf16 on CPU, fp16 on CUDA);
-  ``--amp`` picks which becomes the workload. Threads: as many as a rank gets
-  under real.run (OMP_NUM_THREADS, 1 by default).
+  (median of repeats), without and with autocast (bf16 on CPU, fp16 on CUDA),
+  once alone and once on every rank at the same time; the concurrent time
+  (what a rank of a real run gets when ranks share cores and memory) becomes
+  the workload's ``compute_time``, and ``--amp`` picks which. Threads: as many
+  as a rank gets under real.run (OMP_NUM_THREADS, 1 by default).
 - Network: ``world`` ranks (at least 2) started by torch's launcher run a
   ping-pong between ranks 0 and 1 and an all-reduce over all ranks, over
   message sizes from 1 KiB to 64 MiB. Each curve is fitted by least squares
@@ -64,13 +66,21 @@ def measure_compute(model_name: str, batch_size: int, amp: bool, device: str = "
 
 
 # -- the probe each rank runs ------------------------------------------------------
-def probe(out: str, repeats: int) -> None:
+def probe(out: str, repeats: int, model_name: str, batch_size: int) -> None:
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
-    results = {"pingpong": [], "allreduce": []}
+    results = {"pingpong": [], "allreduce": [], "compute_concurrent": {}}
+    # Compute while every other rank computes too, as in training: ranks share
+    # the machine's cores and memory bandwidth, which a lone process does not see.
+    for amp in (False, True):
+        dist.barrier()
+        workload = measure_compute(model_name, batch_size, amp)
+        times = [None] * p
+        dist.all_gather_object(times, workload.compute_time)
+        results["compute_concurrent"]["amp" if amp else "fp32"] = float(np.mean(times))
     for size in SIZES:
         buf = torch.zeros(size // 4, dtype=torch.float32)
         reps = repeats if size < 2**24 else max(3, repeats // 3)
@@ -103,12 +113,13 @@ def probe(out: str, repeats: int) -> None:
     dist.destroy_process_group()
 
 
-def measure_network(world: int, repeats: int) -> dict:
+def measure_network(world: int, repeats: int, model_name: str, batch_size: int) -> dict:
     from real.run import start_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "probe.json")
-        start_ranks(max(2, world), "real.calibrate", ["--probe", out, "--repeats", str(repeats)])
+        start_ranks(max(2, world), "real.calibrate", ["--probe", out, "--repeats", str(repeats),
+                                                      "--model", model_name, "--batch-size", str(batch_size)])
         return json.loads(Path(out).read_text())
 
 
@@ -126,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe:
-        probe(args.probe, args.repeats)
+        probe(args.probe, args.repeats, args.model, args.batch_size)
         return 0
     if args.world < 1 or args.servers < 0 or args.batch_size < 1 or args.repeats < 1:
         print("real.calibrate: error: --world, --batch-size and --repeats must be >= 1, --servers >= 0",
@@ -140,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     plain = measure_compute(args.model, args.batch_size, amp=False)
     mixed = measure_compute(args.model, args.batch_size, amp=True)
-    net = measure_network(args.world, args.repeats)
+    net = measure_network(args.world, args.repeats, args.model, args.batch_size)
     p = net["world"]
+    concurrent = net["compute_concurrent"]
     fit = {"model": args.model, "batch_size": args.batch_size, "threads": threads, "torch": torch.__version__,
-           "compute": {name: {"compute_time": w.compute_time, "backward_fraction": w.backward_fraction}
+           "compute": {name: {"compute_time": w.compute_time, "backward_fraction": w.backward_fraction,
+                              "compute_time_concurrent": concurrent[name]}
                        for name, w in (("fp32", plain), ("amp", mixed))}}
     n, t = (np.array([row[i] for row in net["pingpong"]], dtype=float) for i in (0, 1))
     a, b, r2, res = fit_linear(n, t)
@@ -158,13 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     server_link = Link(bandwidth=fit["pingpong"]["bandwidth"], latency=fit["pingpong"]["alpha"])
     cluster = Cluster.homogeneous(gpus=args.world, link=link, servers=args.servers,
                                   server_link=server_link if args.servers else None, name="calibrated")
+    # The workload takes the time measured with all ranks computing at once:
+    # that is what a rank of a real run gets.
     workload = mixed if args.amp else plain
+    workload = workload.replace(compute_time=concurrent["amp" if args.amp else "fp32"])
     from real.trace import write_atomic
 
     write_atomic(args.out, json.dumps({"cluster": cluster.to_dict(), "workload": workload.to_dict(), "fit": fit},
                                       indent=1))
-    print(f"real.calibrate: {args.model} batch {args.batch_size}: compute {plain.compute_time * 1e3:.2f} ms "
-          f"(backward {plain.backward_fraction:.0%}), with autocast {mixed.compute_time * 1e3:.2f} ms")
+    print(f"real.calibrate: {args.model} batch {args.batch_size}: compute {plain.compute_time * 1e3:.2f} ms alone, "
+          f"{concurrent['fp32'] * 1e3:.2f} ms with {p} ranks computing (backward {plain.backward_fraction:.0%}); "
+          f"with autocast {mixed.compute_time * 1e3:.2f} ms alone, {concurrent['amp'] * 1e3:.2f} ms with {p} ranks")
     for name in ("allreduce", "pingpong"):
         f = fit[name]
         print(f"real.calibrate: {name}: alpha {f['alpha'] * 1e6:.1f} us, B {f['bandwidth'] / 1e9:.3f} GB/s, "

@@ -36,3 +36,5 @@ def test_calibration_file_loads_into_cluster_and_workload(tmp_path):
     for name in ("allreduce", "pingpong"):
         assert fit[name]["bandwidth"] > 1e7 and fit[name]["alpha"] >= 0 and np.isfinite(fit[name]["r2"])
     assert set(fit["compute"]) == {"fp32", "amp"}
+    # the workload's compute time is the one measured with every rank computing at once
+    assert workload.compute_time == pytest.approx(fit["compute"]["fp32"]["compute_time_concurrent"])
