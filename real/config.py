@@ -99,7 +99,7 @@ class RunConfig:
         check_choice(owner, "device", self.device, DEVICES)
         # Which topology the scheme needs is read off its plan (the actions it
         # emits), not off its type: see DESIGN.md, "the one rule".
-        needs_servers = any(isinstance(a, SERVER_ACTIONS) for a in spec.policy(4.0).plan(0, 1))
+        needs_servers = bool(spec.policy(4.0).action_types(self.steps) & set(SERVER_ACTIONS))
         if needs_servers and self.servers < 1:
             raise ValueError(f"RunConfig.servers: scheme {self.scheme!r} pushes to parameter servers; "
                              f"give --servers K with K >= 1 (got {self.servers})")

@@ -47,7 +47,6 @@ from syncsim.schemes import (
     Push,
     WaitForClock,
 )
-from syncsim.schemes.allreduce import DEFAULT_BUCKET_BYTES
 
 __all__ = ["Executor", "checksum", "flat_params"]
 
@@ -92,12 +91,13 @@ class Executor:
         self.slow = cfg.slow_factor(rank)
         self.failure = cfg.failure(rank)
         plans = self.policy.plans(cfg.steps)
-        kinds = {type(a) for plan in plans for a in plan}
+        kinds = self.policy.action_types(cfg.steps)
         self._setup_amp(applies_locally=bool(kinds & {AllReduceGradients, LocalUpdate}))
         self.net: torch.nn.Module = model
         self.hook_state = None
         if AllReduceGradients in kinds:
-            bucket = getattr(self.spec, "bucket_bytes", DEFAULT_BUCKET_BYTES)
+            # the bucket cap comes from the plan's own action, whichever scheme emitted it
+            bucket = next(a for plan in plans for a in plan if isinstance(a, AllReduceGradients)).bucket_bytes
             self.net = DDP(model, process_group=self.group, bucket_cap_mb=bucket / 2**20,
                            device_ids=[device.index] if device.type == "cuda" else None)
             self.hook_state = CountingHookState(self.group, self.spec.precision)
@@ -221,9 +221,11 @@ class Executor:
         if self.wire_dtype == torch.float32:
             self.averager.average_parameters(params)
         else:
-            flat = flat_params(self.model).to(self.wire_dtype).div_(self.cfg.world)
+            # Round each replica to the wire format and sum; divide after, in
+            # fp32, so small parameters do not underflow before the sum.
+            flat = flat_params(self.model).to(self.wire_dtype)
             dist.all_reduce(flat, group=self.group)
-            self._load_flat(flat.float())
+            self._load_flat(flat.float().div_(self.cfg.world))
         nbytes = sum(p.numel() for p in params) * torch.tensor([], dtype=self.wire_dtype).element_size()
         self.bytes_sent += nbytes
         end = self.recorder.now()

@@ -96,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         return code
     with open(summary_path) as f:
         summary = json.load(f)
+    # a run too short for a steady state (under two timed steps) has no step time
+    timing = ("step time n/a (too few steps)" if summary["step_time"] is None else
+              f"step {summary['step_time'] * 1e3:.2f} ms, {summary['throughput']:.0f} samples/s")
     print(f"real.run: {summary['scheme']} on {cfg.world} workers"
           + (f" + {cfg.servers} servers" if cfg.servers else "")
-          + f": step {summary['step_time'] * 1e3:.2f} ms, {summary['throughput']:.0f} samples/s, "
-          f"final loss {summary['final_loss']:.4f}, {summary['bytes_per_worker_step'] / 1e6:.3f} MB/worker/step; "
-          f"outputs in {cfg.out}/")
+          + f": {timing}, final loss {summary['final_loss']:.4f}, "
+          f"{summary['bytes_per_worker_step'] / 1e6:.3f} MB/worker/step; outputs in {cfg.out}/")
     return 0
 
 

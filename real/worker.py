@@ -68,7 +68,10 @@ def setup(cfg: RunConfig) -> tuple[int, torch.device]:
         device = torch.device("cpu")
     backend = cfg.backend
     if backend == "nccl":
-        algorithm = getattr(cfg.spec, "algorithm", None)
+        # the collective algorithm the plan's collectives ask for (ring, tree, ...)
+        algorithms = {a.algorithm for plan in cfg.spec.policy(4.0).plans(cfg.steps) for a in plan
+                      if hasattr(a, "algorithm")}
+        algorithm = algorithms.pop() if len(algorithms) == 1 else None
         if algorithm in NCCL_ALGO:
             os.environ.setdefault("NCCL_ALGO", NCCL_ALGO[algorithm])
         # Parameter-server messages and the start-time broadcast are CPU

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 _HOME = {
     "Cluster": "syncsim.cluster", "Link": "syncsim.cluster", "CLUSTER_PRESETS": "syncsim.cluster",
     "Workload": "syncsim.workload", "WORKLOAD_PRESETS": "syncsim.workload",
-    "simulate": "syncsim.engine", "SimResult": "syncsim.result", "speedup": "syncsim.speedup",
+    "simulate": "syncsim.engine", "SimResult": "syncsim.result", "speedup": "syncsim.engine",
 }
 
 

@@ -125,7 +125,8 @@ class Cluster:
         gpus = check_int("Cluster", "gpus", gpus, 1)
         per_node = min(self.gpus_per_node, gpus)
         if gpus % per_node:
-            raise ValueError(f"{gpus} GPUs do not fill whole nodes of {per_node} GPUs")
+            raise ValueError(f"Cluster {self.name!r}: gpus={gpus} does not fill whole nodes of {per_node} GPUs; "
+                             f"choose at most {per_node} or a multiple of {per_node}")
         speed = None if self.speed is None else tuple(self.speed[i % len(self.speed)] for i in range(gpus))
         return self.replace(nodes=gpus // per_node, gpus_per_node=per_node, speed=speed)
 
@@ -145,10 +146,9 @@ class Cluster:
         """A sourced cluster (see ``CLUSTER_PRESETS``) scaled to ``gpus`` GPUs."""
         if name not in CLUSTER_PRESETS:
             raise ValueError(f"unknown cluster preset {name!r}; choose one of {', '.join(sorted(CLUSTER_PRESETS))}")
-        spec = dict(CLUSTER_PRESETS[name])
-        spec.update(kwargs)
-        base = cls(name=name, **spec)  # type: ignore[arg-type]
-        return base.with_gpus(gpus)
+        scaled = cls(name=name, **CLUSTER_PRESETS[name]).with_gpus(gpus)
+        # per-GPU overrides such as ``speed`` refer to the scaled cluster
+        return scaled.replace(**kwargs) if kwargs else scaled
 
     # -- serialisation ------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -21,7 +21,7 @@ import simpy
 
 from syncsim.cluster import Cluster
 from syncsim.communicator import Communicator
-from syncsim.compute import BLOCK_STEPS, ComputeTimes
+from syncsim.compute import ComputeTimes
 from syncsim.config import check_int
 from syncsim.recorder import KIND_CODE, Recorder
 from syncsim.result import SimResult
@@ -39,7 +39,7 @@ from syncsim.schemes import (
 from syncsim.server import ServerGroup
 from syncsim.workload import Workload
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "speedup"]
 
 _GENERATOR = type(x for x in ())
 
@@ -80,8 +80,7 @@ class _Run:
         self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
         self.times = ComputeTimes(cluster, workload, seed)
         self.comm = Communicator(env, cluster, self.recorder, self.state)
-        plans = {type(a) for step in range(min(steps, 2 * BLOCK_STEPS)) for a in self.policy.plan(step, steps)}
-        needs_servers = bool(plans & {Push, Pull, WaitForClock})
+        needs_servers = bool(self.policy.action_types(steps) & {Push, Pull, WaitForClock})
         self.servers = ServerGroup(env, cluster, self.recorder, self.state) if needs_servers else None
         self.step_end = np.zeros((steps, self.workers))
         self.handlers: dict[type, Callable] = {
@@ -214,3 +213,8 @@ def simulate(cluster: Cluster, workload: Workload, scheme: Scheme | str, steps: 
     return SimResult(cluster=cluster, workload=workload, scheme=scheme, steps=steps, seed=seed,
                      step_end=run.step_end, recorder=run.recorder, wall_time=wall,
                      versions=run.state.version)
+
+
+def speedup(cluster: Cluster, workload: Workload, scheme: Scheme | str, steps: int = 100, seed: int = 0) -> float:
+    """Cluster throughput over that of the same workload on one nominal GPU (no communication, no noise)."""
+    return simulate(cluster, workload, scheme, steps=steps, seed=seed).speedup

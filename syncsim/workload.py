@@ -49,8 +49,11 @@ class Workload:
             if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
                 raise ValueError(f"Workload.layers must be a sequence of per-layer byte counts, got {layers!r}")
             layers = tuple(parse_size(b, f"Workload.layers[{i}]") for i, b in enumerate(layers))
-            if not layers or any(b <= 0 for b in layers):
-                raise ValueError("Workload.layers must be a non-empty sequence of positive byte counts")
+            if not layers:
+                raise ValueError("Workload.layers must be a non-empty sequence of positive byte counts, got ()")
+            for i, b in enumerate(layers):
+                if b <= 0:
+                    raise ValueError(f"Workload.layers[{i}] must be a positive byte count, got {b:g}")
         param_bytes = sum(layers) if self.param_bytes is None and layers else parse_size(
             self.param_bytes, "Workload.param_bytes")
         object.__setattr__(self, "param_bytes", check_positive(owner, "param_bytes", param_bytes))

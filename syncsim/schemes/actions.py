@@ -17,10 +17,11 @@ Semantics every executor honours:
   One new version.
 - ``Push``: send the gradient to the parameter servers (sharded evenly). The
   servers weigh each worker's gradient by 1/W (W workers), so every mode
-  applies the same total per round and modes differ only in *when* gradients
-  land. With ``aggregate=True`` (synchronous PS) a round's W gradients are
-  applied together as one version; otherwise each is applied on arrival, one
-  version each.
+  applies the same total per round and, with plain SGD, modes differ only in
+  *when* gradients land (with momentum, also in how often the server's
+  optimiser steps). With ``aggregate=True`` (synchronous PS) a round's W
+  gradients are applied together as one version; otherwise each is applied
+  on arrival, one version each.
 - ``WaitForClock``: block until the slowest worker's clock (completed pushes)
   is at least this worker's clock minus ``slack``; slack 0 is a barrier.
 - ``Pull``: fetch the current parameters from the servers; the next gradient
@@ -54,6 +55,8 @@ class AllReduceGradients(Action):
     ready: tuple[float, ...]
     """Fraction of the compute after which each bucket is ready (1.0 = at the end)."""
     algorithm: str
+    bucket_bytes: float
+    """Gradient (fp32) bytes per bucket: the cap the buckets were formed with (DDP's ``bucket_cap_mb``)."""
     kind = "allreduce"
 
     @property

@@ -50,7 +50,7 @@ class AllReduce(Scheme):
         if not self.overlap:
             ready = tuple(1.0 for _ in ready)
         return AllReduceGradients(buckets=tuple(s * self.wire_ratio for s in sizes), ready=ready,
-                                  algorithm=self.algorithm)
+                                  algorithm=self.algorithm, bucket_bytes=self.bucket_bytes)
 
 
 def gradient_buckets(param_bytes: float, layers: Sequence[float] | None, bucket_bytes: float,

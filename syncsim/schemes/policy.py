@@ -32,6 +32,10 @@ class Policy:
     def plans(self, steps: int) -> list[tuple[Action, ...]]:
         return [self.plan(step, steps) for step in range(steps)]
 
+    def action_types(self, steps: int) -> set[type]:
+        """Every kind of action the plan uses over ``steps`` steps (what an executor must set up)."""
+        return {type(action) for plan in self.plans(steps) for action in plan}
+
     def wire_bytes(self, steps: int) -> float:
         """Payload bytes one worker sends over ``steps`` steps (collectives count the input size)."""
         total = 0.0

@@ -46,8 +46,10 @@ def test_cluster_shapes_and_presets():
     assert (c.nodes, c.gpus_per_node) == (8, 8) and c.inter.bandwidth == 12.5e9
     small = Cluster.preset("h100-400g", gpus=2)
     assert (small.nodes, small.gpus_per_node) == (1, 2)
-    with pytest.raises(ValueError, match="whole nodes"):
+    with pytest.raises(ValueError, match="gpus=12 does not fill whole nodes"):
         Cluster.preset("a100-100g", gpus=12)
+    # per-GPU overrides refer to the scaled cluster
+    assert Cluster.preset("a100-100g", gpus=16, speed=[1.0] * 15 + [0.5]).speed[-1] == 0.5
     with pytest.raises(ValueError, match="unknown cluster preset"):
         Cluster.preset("tpu-pod")
 
@@ -63,6 +65,7 @@ def test_cluster_json_round_trip(tmp_path):
     (dict(param_bytes="1MiB", compute_time="-1ms"), "compute_time"),
     (dict(param_bytes="1MiB", compute_time=1, batch_size=0), "batch_size"),
     (dict(param_bytes=10, compute_time=1, layers=(4, 4)), "sum to"),
+    (dict(param_bytes=None, compute_time=1, layers=(4, 0)), r"layers\[1\] must be a positive"),
     (dict(param_bytes=10, compute_time=1, backward_fraction=1.5), "backward_fraction"),
     (dict(param_bytes="lots", compute_time=1), "param_bytes"),
 ])

@@ -46,6 +46,16 @@ def test_speedup_helper_and_single_gpu_baseline():
     assert speedup(cluster, workload, "allreduce", steps=5) == simulate(cluster, workload, "allreduce", 5).speedup
 
 
+def test_speedup_is_the_function_whatever_was_imported_first():
+    import importlib
+
+    import syncsim
+
+    for module in ("syncsim.engine", "syncsim.result", "syncsim.cluster"):
+        importlib.import_module(module)
+    assert callable(syncsim.speedup) and syncsim.speedup.__name__ == "speedup"
+
+
 def test_summary_row_has_spec_fields():
     res = simulate(Cluster.homogeneous(2, Link("10GB/s")), Workload("1MiB", "1ms"), "localsgd:period=2", steps=4)
     row = res.summary()
