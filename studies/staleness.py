@@ -70,7 +70,7 @@ class Study:
     workers: tuple[int, ...] = (4, 16)
     straggler_probs: tuple[float, ...] = (0.0, 0.1)
     """Probability that a GPU straggles on a step (4× slower), per GPU and step."""
-    steps: int = 300
+    steps: int = 304  # a multiple of the local-SGD period: no forced final average
     """Steps per worker for every scheme (the glossary's step: one minibatch per worker)."""
     lr: float = 0.3
     momentum: float = 0.5

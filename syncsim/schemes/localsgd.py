@@ -39,7 +39,12 @@ class LocalSGD(Scheme):
         check_choice("LocalSGD", "algorithm", self.algorithm, ALGORITHMS)
 
     def is_sync_step(self, step: int, steps: int) -> bool:
-        """Whether the replicas are averaged at the end of ``step``; the last step always ends synchronised."""
+        """Whether the replicas are averaged at the end of ``step``; the last step always ends synchronised.
+
+        That final average is one more than the period calls for when
+        ``steps - warmup_steps`` is not a multiple of ``period``, and it counts
+        in the steady-state step time: choose such step counts for timing.
+        """
         return (step + 1 - self.warmup_steps) % self.period == 0 or step == steps - 1
 
     def policy(self, param_bytes: float, layers: Sequence[float] | None = None,
