@@ -66,8 +66,7 @@ class _ModelState:
                     self.recorder.updates(np.full(len(steps), w), np.asarray(steps), version, version, time)
                     steps.clear()
         self.version = version + 1
-        for w in range(len(self.read)):
-            self.read[w] = version + 1
+        self.read[:] = [version + 1] * len(self.read)
 
 
 class _Run:
@@ -88,7 +87,8 @@ class _Run:
             LocalUpdate: self._local_update, Push: self._push, WaitForClock: self._wait, Pull: self._pull,
         }
 
-    # Each handler is a generator of events. ``pending`` carries the lazily
+    # A handler returns None, one event to wait for, or a generator of
+    # events (several waits). ``pending`` carries the lazily
     # taken compute: [start, duration, outstanding?, latency owed]. Message
     # latency is folded into a wait the worker makes anyway: a push waits out
     # compute and then alpha before its bytes enter the link; a pull's alpha
