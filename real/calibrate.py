@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["main", "fit_linear", "measure_compute"]
+__all__ = ["main", "fit_linear", "link_fits", "measure_compute"]
 
 SIZES = tuple(2**k for k in range(10, 27, 2))  # 1 KiB .. 64 MiB, ×4 apart
 
@@ -47,6 +47,26 @@ def fit_linear(n: np.ndarray, t: np.ndarray) -> tuple[float, float, float, list[
     pred = a + b * n
     r2 = 1.0 - float(np.sum((t - pred) ** 2) / np.sum((t - t.mean()) ** 2))
     return float(a), float(b), r2, [float(x) for x in (t - pred) / t]
+
+
+def link_fits(probe_result: dict, min_bytes: float = 0.0) -> dict:
+    """Fitted (α, B) of a probe's ping-pong and all-reduce curves, over messages of at least ``min_bytes``.
+
+    One-way ``t = α + n/B``; ring all-reduce ``t = 2(p-1)·α + 2(p-1)/p · n/B`` solved for α and B.
+    """
+    p = probe_result["world"]
+    fits = {}
+    for name in ("pingpong", "allreduce"):
+        rows = [row for row in probe_result[name] if row[0] >= min_bytes]
+        n, t = (np.array([row[i] for row in rows], dtype=float) for i in (0, 1))
+        a, b, r2, res = fit_linear(n, t)
+        if name == "pingpong":
+            fit = {"alpha": max(a, 0.0), "bandwidth": 1.0 / b, "model": "t = alpha + n/B (one way)"}
+        else:
+            fit = {"alpha": max(a / (2 * (p - 1)), 0.0), "bandwidth": 2 * (p - 1) / (p * b), "ranks": p,
+                   "model": "t = 2(p-1) alpha + 2(p-1)/p n/B (ring)"}
+        fits[name] = fit | {"r2": r2, "relative_residuals": res, "sizes": n.tolist(), "seconds": t.tolist()}
+    return fits
 
 
 def measure_compute(model_name: str, batch_size: int, amp: bool, device: str = "cpu"):
@@ -66,7 +86,7 @@ def measure_compute(model_name: str, batch_size: int, amp: bool, device: str = "
 
 
 # -- the probe each rank runs ------------------------------------------------------
-def probe(out: str, repeats: int, model_name: str, batch_size: int) -> None:
+def probe(out: str, repeats: int, model_name: str, batch_size: int, sizes: tuple[int, ...] = SIZES) -> None:
     import torch
     import torch.distributed as dist
 
@@ -81,7 +101,7 @@ def probe(out: str, repeats: int, model_name: str, batch_size: int) -> None:
         times = [None] * p
         dist.all_gather_object(times, workload.compute_time)
         results["compute_concurrent"]["amp" if amp else "fp32"] = float(np.mean(times))
-    for size in SIZES:
+    for size in sizes:
         buf = torch.zeros(size // 4, dtype=torch.float32)
         reps = repeats if size < 2**24 else max(3, repeats // 3)
         one_way, reduce = [], []
@@ -158,15 +178,7 @@ def main(argv: list[str] | None = None) -> int:
            "compute": {name: {"compute_time": w.compute_time, "backward_fraction": w.backward_fraction,
                               "compute_time_concurrent": concurrent[name]}
                        for name, w in (("fp32", plain), ("amp", mixed))}}
-    n, t = (np.array([row[i] for row in net["pingpong"]], dtype=float) for i in (0, 1))
-    a, b, r2, res = fit_linear(n, t)
-    fit["pingpong"] = {"alpha": max(a, 0.0), "bandwidth": 1.0 / b, "r2": r2, "relative_residuals": res,
-                       "sizes": n.tolist(), "seconds": t.tolist(), "model": "t = alpha + n/B (one way)"}
-    n, t = (np.array([row[i] for row in net["allreduce"]], dtype=float) for i in (0, 1))
-    a, b, r2, res = fit_linear(n, t)
-    fit["allreduce"] = {"alpha": max(a / (2 * (p - 1)), 0.0), "bandwidth": 2 * (p - 1) / (p * b), "r2": r2,
-                        "relative_residuals": res, "sizes": n.tolist(), "seconds": t.tolist(), "ranks": p,
-                        "model": "t = 2(p-1) alpha + 2(p-1)/p n/B (ring)"}
+    fit.update(link_fits(net))
     link = Link(bandwidth=fit["allreduce"]["bandwidth"], latency=fit["allreduce"]["alpha"])
     server_link = Link(bandwidth=fit["pingpong"]["bandwidth"], latency=fit["pingpong"]["alpha"])
     cluster = Cluster.homogeneous(gpus=args.world, link=link, servers=args.servers,

@@ -22,7 +22,7 @@ import uuid
 from real.config import RunConfig
 from real.trace import merge, rank_dir
 
-__all__ = ["main", "launch", "start_ranks", "failure_message"]
+__all__ = ["main", "launch", "start_ranks", "failure_message", "describe"]
 
 
 def start_ranks(ranks: int, module: str, argv: list[str]) -> None:
@@ -82,6 +82,16 @@ def failure_message(cfg: RunConfig, err: Exception) -> str:
     return "run failed: " + "; ".join(parts)
 
 
+def describe(summary: dict, cfg: RunConfig, where: str = "") -> str:
+    """One line on a finished run: scheme, ranks, step time, throughput, loss, bytes, outputs."""
+    # a run too short for a steady state (under two timed steps) has no step time
+    timing = ("step time n/a (too few steps)" if summary["step_time"] is None else
+              f"step {summary['step_time'] * 1e3:.2f} ms, {summary['throughput']:.0f} samples/s")
+    return (f"{summary['scheme']} on {cfg.world} workers" + (f" + {cfg.servers} servers" if cfg.servers else "")
+            + where + f": {timing}, final loss {summary['final_loss']:.4f}, "
+            f"{summary['bytes_per_worker_step'] / 1e6:.3f} MB/worker/step; outputs in {cfg.out}/")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = RunConfig.from_argv(argv)
@@ -96,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     with open(summary_path) as f:
         summary = json.load(f)
-    # a run too short for a steady state (under two timed steps) has no step time
-    timing = ("step time n/a (too few steps)" if summary["step_time"] is None else
-              f"step {summary['step_time'] * 1e3:.2f} ms, {summary['throughput']:.0f} samples/s")
-    print(f"real.run: {summary['scheme']} on {cfg.world} workers"
-          + (f" + {cfg.servers} servers" if cfg.servers else "")
-          + f": {timing}, final loss {summary['final_loss']:.4f}, "
-          f"{summary['bytes_per_worker_step'] / 1e6:.3f} MB/worker/step; outputs in {cfg.out}/")
+    print("real.run: " + describe(summary, cfg))
     return 0
 
 

@@ -1,0 +1,145 @@
+"""The emulated-network testbed: namespaces come and go, the rate limit holds, multi-node torchrun runs on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from real.config import RunConfig
+from real.namespaces import NETNS_ETC, Testbed, TestbedConfig, namespaces, unavailable
+from real.testbed import run
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "sstbtest"  # distinct from the CLI's default, so a test never removes a user's leftovers
+
+# Two ranks all-reduce SIZE bytes REPEATS times (after one warm-up); rank 0 prints the median seconds.
+ALLREDUCE = """
+import os, statistics, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+buf = torch.zeros(int(sys.argv[1]) // 4)
+times = []
+for i in range(int(sys.argv[2]) + 1):
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(buf)
+    times.append(time.perf_counter() - t0)
+if dist.get_rank() == 0:
+    print(statistics.median(times[1:]))
+dist.destroy_process_group()
+"""
+
+
+def allreduce_seconds(bed: Testbed, hosts: tuple[int, int], addr: str, size: int, repeats: int = 5) -> float:
+    procs = []
+    try:
+        for rank, host in enumerate(hosts):
+            env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT="29511", RANK=str(rank), WORLD_SIZE="2",
+                       OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo" if addr == "127.0.0.1" else "tb0")
+            procs.append(bed.popen(host, [sys.executable, "-c", ALLREDUCE, str(size), str(repeats)], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    return float(outs[0][0])
+
+
+def test_config_validation_names_field_value_and_allowed():
+    with pytest.raises(ValueError, match=r"TestbedConfig.hosts must be an integer >= 1, got 0"):
+        TestbedConfig(hosts=0)
+    with pytest.raises(ValueError, match=r"TestbedConfig.bandwidth"):
+        TestbedConfig(bandwidth="fast")
+    with pytest.raises(ValueError, match=r"TestbedConfig.prefix must be .* got 'Bad-Name'"):
+        TestbedConfig(prefix="Bad-Name")
+    with pytest.raises(ValueError, match=r"TestbedConfig.burst must be between"):
+        TestbedConfig(burst=100)
+    assert TestbedConfig(bandwidth="200Mbit/s").burst == 25_000  # 1 ms of traffic
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_created_and_torn_down_even_when_the_body_raises():
+    # a leftover of a dead run with our prefix (its pid is a finished child's) is removed at start
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{PREFIX}{dead.pid}x0000-h0"
+    subprocess.run(["ip", "netns", "add", stale], check=True, timeout=10)
+    with pytest.raises(RuntimeError, match="boom"):
+        with Testbed(hosts=3, bandwidth="200Mbit/s", prefix=PREFIX) as bed:
+            assert stale not in namespaces(PREFIX)
+            assert set(namespaces(PREFIX)) == {*bed.host_ns, bed.bridge_ns}
+            assert bed.ips == ("10.213.1.101", "10.213.1.102", "10.213.1.103")
+            shown = bed.run(0, ["tc", "qdisc", "show", "dev", "tb0"], capture_output=True, text=True).stdout
+            assert "tbf" in shown and "200Mbit" in shown
+            # reachable from its peer through the bridge, and nothing but the testbed's /24 is routed
+            probe = "import socket; socket.create_connection(('10.213.1.103', 9), timeout=5)"
+            reached = bed.run(1, [sys.executable, "-c", probe], capture_output=True, text=True)
+            assert "Connection refused" in reached.stderr  # the packet got there; nobody listens
+            routes = bed.run(1, ["ip", "route"], capture_output=True, text=True).stdout
+            assert "default" not in routes and "10.213.1.0/24" in routes
+            raise RuntimeError("boom")
+    assert namespaces(PREFIX) == []
+    assert not any((NETNS_ETC / ns).exists() for ns in (*bed.host_ns, bed.bridge_ns))
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_gloo_allreduce_runs_at_the_emulated_rate():
+    size = 4 * 2**20
+    with Testbed(hosts=2, bandwidth="200Mbit/s", prefix=PREFIX) as bed:
+        limited = size / allreduce_seconds(bed, (0, 1), bed.ips[0], size)
+        # the same two ranks on one namespace's loopback: no shaper on the path
+        unlimited = size / allreduce_seconds(bed, (0, 0), "127.0.0.1", size)
+    # ring all-reduce over 2 ranks moves n bytes each way per rank (2(p-1)/p · n), so n/t is the link's
+    # payload rate: 25 MB/s less TCP/IP and Ethernet headers (1448 of every 1514 bytes: 23.9 MB/s)
+    assert 20e6 < limited < 30e6, f"{limited / 1e6:.1f} MB/s behind a 25 MB/s link"
+    assert unlimited > 4 * limited, f"loopback {unlimited / 1e6:.1f} MB/s vs limited {limited / 1e6:.1f} MB/s"
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path):
+    cfg = RunConfig(scheme="allreduce", world=2, model="lenet", steps=5, batch_size=16, out=str(tmp_path),
+                    record_checksums=True)
+    with Testbed(hosts=2, bandwidth="200Mbit/s", prefix=PREFIX) as bed:
+        code, message = run(bed, cfg, timeout=120)
+    assert code == 0, message
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["complete"] and summary["steps_done"] == [5, 5]
+    checksums = summary["param_checksums"]
+    assert set(checksums) == {"0", "1"} and len(set(checksums.values())) == 1
+    # one torchrun node per host, each with its own log
+    assert sorted(p.name for p in (tmp_path / "testbed").iterdir()) == ["node0.log", "node1.log"]
+    assert namespaces(PREFIX) == []
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_a_failed_node_stops_the_others_and_is_named(tmp_path):
+    # torch's agents do not stop ranks on other nodes: without the launcher's stop, rank 0 waits forever
+    cfg = RunConfig(scheme="allreduce", world=2, model="mlp", steps=4, batch_size=16, out=str(tmp_path),
+                    fail="1:2", timeout=10)
+    with Testbed(hosts=2, bandwidth="200Mbit/s", prefix=PREFIX) as bed:
+        code, message = run(bed, cfg, timeout=60)
+    assert code == 1 and "rank 1 (worker) failed at step 2" in message
+    assert json.loads((tmp_path / "summary.json").read_text())["complete"] is False
+    assert namespaces(PREFIX) == []
+
+
+def test_cli_rejects_bad_options_before_building_anything():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "real.testbed", "--hosts", "2", "--", "--scheme", "ps",
+                           "--world", "2", "--servers", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "--hosts must equal the run's ranks" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "real.testbed", "--", "--world", "0"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "RunConfig.world" in proc.stderr
