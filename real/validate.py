@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from real.testbed import Testbed, TestbedConfig, TestbedUnavailable, exit_on_sigterm, run, torchrun_on
     from syncsim import simulate
     from syncsim.cluster import Cluster, Link
+    from syncsim.files import write_atomic
 
     exit_on_sigterm()
     out = Path(args.out)
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"bandwidth_nominal": nominal, "fits": fits, "compute_time": workload.compute_time,
               "param_bytes": workload.param_bytes, "model": args.model, "batch_size": args.batch_size,
               "steps": args.steps, "rows": rows}
-    (out / "check.json").write_text(json.dumps(result, indent=1))
+    write_atomic(out / "check.json", json.dumps(result, indent=1))
     print(f"real.validate: {args.model}, batch {args.batch_size}, {workload.param_bytes / 1e6:.2f} MB of "
           f"parameters, compute {workload.compute_time * 1e3:.2f} ms per step with 2 hosts computing")
     for name, fit in fits.items():
