@@ -1,7 +1,8 @@
 """Sync schemes, each defined once: a frozen spec (its knobs) and a pure policy.
 
-Neither SimPy nor torch is imported here (tests/unit/test_scheme_purity.py
-checks): the simulator and the real executor both carry out the same plans.
+Neither SimPy nor torch is imported here (checked by
+tests/unit/test_schemes.py::test_policies_import_neither_simpy_nor_torch): the
+simulator, the replay and the real executor all carry out the same plans.
 """
 
 from syncsim.schemes.actions import (
