@@ -10,13 +10,11 @@ compute time), and stragglers are a per-step probability of a ``slowdown``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-from syncsim.config import check_float, check_int, check_positive, from_dict
-from syncsim.files import write_atomic
+from syncsim.config import ConfigFile, check_float, check_int, check_positive
 from syncsim.units import parse_bandwidth, parse_time
 
 __all__ = ["Link", "Cluster", "CLUSTER_PRESETS"]
@@ -49,7 +47,10 @@ def _as_link(owner: str, name: str, value: object) -> Link | None:
 
 
 @dataclass(frozen=True)
-class Cluster:
+class Cluster(ConfigFile):
+    json_key: ClassVar[str] = "cluster"
+    tuple_fields: ClassVar[tuple[str, ...]] = ("speed",)
+
     nodes: int = 1
     gpus_per_node: int = 1
     intra: Link | None = None
@@ -130,11 +131,6 @@ class Cluster:
         speed = None if self.speed is None else tuple(self.speed[i % len(self.speed)] for i in range(gpus))
         return self.replace(nodes=gpus // per_node, gpus_per_node=per_node, speed=speed)
 
-    def replace(self, **changes: object) -> Cluster:
-        from dataclasses import replace
-
-        return replace(self, **changes)
-
     # -- constructors ---------------------------------------------------------------
     @classmethod
     def homogeneous(cls, gpus: int, link: Link, **kwargs: object) -> Cluster:
@@ -150,21 +146,6 @@ class Cluster:
         # per-GPU overrides such as ``speed`` refer to the scaled cluster
         return scaled.replace(**kwargs) if kwargs else scaled
 
-    # -- serialisation ------------------------------------------------------------
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Cluster:
-        return from_dict(cls, data, "cluster", ("speed",))  # type: ignore[return-value]
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> Cluster:
-        """Load a cluster written by ``to_json`` or by ``python -m real.calibrate`` (its "cluster" key)."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-    def to_json(self, path: str | Path) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=2))
 
 
 # Sourced cluster presets: 8 GPUs per node on NVLink, one NIC per GPU.

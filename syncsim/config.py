@@ -6,8 +6,14 @@ is allowed, so a bad study grid fails before any simulation starts.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from syncsim.files import write_atomic
 
 
 def check_int(owner: str, field: str, value: object, minimum: int) -> int:
@@ -45,16 +51,42 @@ def check_positive(owner: str, field: str, value: float) -> float:
     return check_float(owner, field, value, low=0.0, low_open=True)
 
 
-def from_dict(cls: type, data: dict, key: str, tuple_fields: tuple[str, ...] = ()) -> object:
-    """Build a config dataclass from ``data``, or from ``data[key]`` when it is a larger document."""
-    data = dict(data)
-    if isinstance(data.get(key), dict):
-        data = dict(data[key])
-    for name in tuple_fields:
-        if data.get(name) is not None:
-            data[name] = tuple(data[name])
-    known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}; allowed: {sorted(known)}")
-    return cls(**data)
+
+class ConfigFile:
+    """Copying and JSON round trips shared by the config dataclasses.
+
+    A subclass names the key it sits under in a larger document (a calibration
+    file holds "cluster" and "workload") and the fields JSON turns into lists.
+    """
+
+    json_key: ClassVar[str]
+    tuple_fields: ClassVar[tuple[str, ...]] = ()
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Any:
+        """Build from ``data``, or from ``data[json_key]`` when it is a larger document."""
+        data = dict(data)
+        if isinstance(data.get(cls.json_key), dict):
+            data = dict(data[cls.json_key])
+        for name in cls.tuple_fields:
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Any:
+        """Load a file written by ``to_json``, or the ``json_key`` entry of one (``python -m real.calibrate``)."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def to_json(self, path: str | Path) -> None:
+        write_atomic(path, json.dumps(self.to_dict(), indent=2))

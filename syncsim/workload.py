@@ -9,14 +9,11 @@ formed as DDP does (in reverse order, as gradients appear during backward).
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from syncsim.config import check_float, check_int, check_positive, from_dict
-from syncsim.files import write_atomic
+from syncsim.config import ConfigFile, check_float, check_int, check_positive
 from syncsim.units import parse_size, parse_time
 
 __all__ = ["Workload", "WORKLOAD_PRESETS", "estimate_step_time"]
@@ -30,7 +27,10 @@ DEFAULT_BACKWARD_FRACTION = 2.0 / 3.0
 
 
 @dataclass(frozen=True)
-class Workload:
+class Workload(ConfigFile):
+    json_key: ClassVar[str] = "workload"
+    tuple_fields: ClassVar[tuple[str, ...]] = ("layers",)
+
     param_bytes: float | str
     """Bytes of parameters (fp32 master copy) = bytes of one full gradient."""
     compute_time: float | str
@@ -75,11 +75,6 @@ class Workload:
     def layer_bytes(self) -> tuple[float, ...]:
         """Per-layer bytes; one layer holding everything when ``layers`` is not given."""
         return self.layers if self.layers is not None else (self.param_bytes,)  # type: ignore[return-value]
-
-    def replace(self, **changes: Any) -> Workload:
-        from dataclasses import replace
-
-        return replace(self, **changes)
 
     # -- constructors ---------------------------------------------------------------
     @classmethod
@@ -126,21 +121,6 @@ class Workload:
                    layers=tuple(float(b) for b in layers), backward_fraction=bwd / (fwd + bwd),
                    name=name or type(module).__name__.lower())
 
-    # -- serialisation ------------------------------------------------------------
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Workload:
-        return from_dict(cls, data, "workload", ("layers",))  # type: ignore[return-value]
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> Workload:
-        """Load a workload written by ``to_json`` or by ``python -m real.calibrate`` (its "workload" key)."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-    def to_json(self, path: str | Path) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=2))
 
 
 # -- presets --------------------------------------------------------------------
