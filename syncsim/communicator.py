@@ -20,6 +20,7 @@ import simpy
 
 from syncsim.cluster import Cluster
 from syncsim.collectives import allreduce_time
+from syncsim.network import triggered
 from syncsim.recorder import KIND_CODE, Recorder
 
 __all__ = ["Communicator"]
@@ -103,10 +104,4 @@ class Communicator:
                             (pending.base + pending.span)[pending.computed], 0.0)
         recorder.events(workers, pending.step, KIND_CODE[pending.kind], first, end, float(sum(pending.buckets)))
         state.collective_done(pending.kind, pending.step, end)
-        env.schedule(_triggered(pending.done), delay=end - env.now)
-
-
-def _triggered(event: simpy.Event) -> simpy.Event:
-    event._ok = True
-    event._value = None
-    return event
+        env.schedule(triggered(pending.done), delay=end - env.now)

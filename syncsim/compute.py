@@ -32,7 +32,6 @@ class ComputeTimes:
         self.sigma = math.sqrt(math.log1p(cluster.jitter**2)) if cluster.jitter > 0 else 0.0
         self.straggler_prob = cluster.straggler_prob
         self.slowdown = cluster.straggler_slowdown
-        self._blocks: dict[int, np.ndarray] = {}
         self._rows: dict[int, list[list[float]]] = {}
         # Keep about 256 MiB of drawn times; workers of an asynchronous run can
         # drift apart by many blocks, so evict only under memory pressure.
@@ -41,33 +40,23 @@ class ComputeTimes:
 
     def block(self, index: int) -> np.ndarray:
         """Compute times of steps [index·64, index·64 + 64) for every worker, shape (64, workers)."""
-        block = self._blocks.get(index)
-        if block is None:
-            times = np.broadcast_to(self.base, (BLOCK_STEPS, self.workers)).copy()
-            if self.random:
-                rng = np.random.default_rng([self.seed, index])
-                if self.sigma > 0:
-                    times *= rng.lognormal(-self.sigma**2 / 2, self.sigma, size=times.shape)
-                if self.straggler_prob > 0 and self.slowdown > 1:
-                    times[rng.random(times.shape) < self.straggler_prob] *= self.slowdown
-            block = times
-            self._blocks[index] = block
-            if len(self._blocks) > self.max_blocks:
-                # Evict the oldest; asking for it again regenerates the same values.
-                self._blocks.pop(min(self._blocks))
-        return block
+        times = np.broadcast_to(self.base, (BLOCK_STEPS, self.workers)).copy()
+        if self.random:
+            rng = np.random.default_rng([self.seed, index])
+            if self.sigma > 0:
+                times *= rng.lognormal(-self.sigma**2 / 2, self.sigma, size=times.shape)
+            if self.straggler_prob > 0 and self.slowdown > 1:
+                times[rng.random(times.shape) < self.straggler_prob] *= self.slowdown
+        return times
 
     def __call__(self, step: int, worker: int) -> float:
-        # Python lists index several times faster than numpy scalars, and this
-        # is called once per worker per step.
+        # Kept as Python lists: they index several times faster than numpy
+        # scalars, and this is called once per worker per step.
         index = step // BLOCK_STEPS
         rows = self._rows.get(index)
         if rows is None:
             rows = self._rows[index] = self.block(index).tolist()
             if len(self._rows) > self.max_blocks:
+                # Evict the oldest; asking for it again regenerates the same values.
                 self._rows.pop(min(self._rows))
         return rows[step % BLOCK_STEPS][worker]
-
-    def step(self, step: int) -> np.ndarray:
-        """All workers' compute times of ``step``."""
-        return self.block(step // BLOCK_STEPS)[step % BLOCK_STEPS]

@@ -83,9 +83,9 @@ class _Run:
         self.servers = ServerGroup(env, cluster, self.recorder, self.state) if needs_servers else None
         self.step_end = np.zeros((steps, self.workers))
         self.handlers: dict[type, Callable] = {
-            Compute: self._compute, AllReduceGradients: self._allreduce, AverageParameters: self._average,
-            LocalUpdate: self._local_update, Push: self._push, WaitForClock: self._wait, Pull: self._pull,
-        }
+            AllReduceGradients: self._allreduce, AverageParameters: self._average, LocalUpdate: self._local_update,
+            Push: self._push, WaitForClock: self._wait, Pull: self._pull,
+        }  # Compute is taken inline in worker(), lazily
 
     # A handler returns None, one event to wait for, or a generator of
     # events (several waits). ``pending`` carries the lazily
@@ -113,9 +113,6 @@ class _Run:
             # A pull's latency still owed is paid by the next compute; the step
             # itself ends when the parameters have arrived.
             step_end[step, w] = env.now + pending[3]
-
-    def _compute(self, w, step, action, pending):  # pragma: no cover - handled inline in worker()
-        yield from ()
 
     def _ready_in(self, w: int, step: int, pending: list, extra: float = 0.0) -> float:
         """Seconds until the outstanding compute (and any owed latency, plus ``extra``) is over."""

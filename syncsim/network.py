@@ -24,7 +24,7 @@ import math
 
 import simpy
 
-__all__ = ["SharedLink"]
+__all__ = ["SharedLink", "triggered"]
 
 # Relative tolerance when deciding a flow's finish tag has been reached: the
 # virtual time is a sum of float products and drifts by a few ulps.
@@ -71,7 +71,7 @@ class SharedLink:
         self._seq += 1
         heapq.heappush(heap, (self._virtual + nbytes, self._seq, done))
         n = len(heap)
-        self._rate = min(self.cap, self.bandwidth / n)
+        self._rate = self.rate(n)
         self.bytes_served += nbytes
         if n > self.peak_flows:
             self.peak_flows = n
@@ -106,11 +106,22 @@ class SharedLink:
             if tag > threshold and now + (tag - self._virtual) / rate > now:
                 break
             finished.append(heapq.heappop(heap)[2])
-        self._rate = min(self.cap, self.bandwidth / max(1, len(heap)))
+        self._rate = self.rate(len(heap))
         if heap:
             self._arm(now)
         for done in finished:
             _resume_now(done)
+
+
+def triggered(event: simpy.Event) -> simpy.Event:
+    """Mark ``event`` succeeded with value None, so processing it resumes its waiters.
+
+    ``simpy.Event.succeed`` also schedules the event at once; this leaves the
+    scheduling (with a delay, or none) to the caller.
+    """
+    event._ok = True
+    event._value = None
+    return event
 
 
 def _resume_now(event: simpy.Event) -> None:
@@ -120,8 +131,7 @@ def _resume_now(event: simpy.Event) -> None:
     same as scheduling it with zero delay, minus one pass through the event
     queue (a third of the events of an asynchronous parameter-server run).
     """
-    event._ok = True
-    event._value = None
+    triggered(event)
     callbacks, event.callbacks = event.callbacks, None
     for callback in callbacks:
         callback(event)
