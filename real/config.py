@@ -99,7 +99,7 @@ class RunConfig:
         check_choice(owner, "device", self.device, DEVICES)
         # Which topology the scheme needs is read off its plan (the actions it
         # emits), not off its type: see DESIGN.md, "the one rule".
-        needs_servers = bool(spec.policy(4.0).action_types(self.steps) & set(SERVER_ACTIONS))
+        needs_servers = any(isinstance(a, SERVER_ACTIONS) for a in self.actions)
         if needs_servers and self.servers < 1:
             raise ValueError(f"RunConfig.servers: scheme {self.scheme!r} pushes to parameter servers; "
                              f"give --servers K with K >= 1 (got {self.servers})")
@@ -144,6 +144,12 @@ class RunConfig:
     @cached_property
     def spec(self):
         return parse(self.scheme)
+
+    @cached_property
+    def actions(self) -> frozenset:
+        """Every action the scheme's plan emits over the run; which actions occur does not depend
+        on the model's size, so a nominal size stands in for it."""
+        return frozenset(a for plan in self.spec.policy(4.0).plans(self.steps) for a in plan)
 
     @property
     def use_amp(self) -> bool:

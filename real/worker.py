@@ -69,8 +69,7 @@ def setup(cfg: RunConfig) -> tuple[int, torch.device]:
     backend = cfg.backend
     if backend == "nccl":
         # the collective algorithm the plan's collectives ask for (ring, tree, ...)
-        algorithms = {a.algorithm for plan in cfg.spec.policy(4.0).plans(cfg.steps) for a in plan
-                      if hasattr(a, "algorithm")}
+        algorithms = {a.algorithm for a in cfg.actions if hasattr(a, "algorithm")}
         algorithm = algorithms.pop() if len(algorithms) == 1 else None
         if algorithm in NCCL_ALGO:
             os.environ.setdefault("NCCL_ALGO", NCCL_ALGO[algorithm])
