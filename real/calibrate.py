@@ -13,12 +13,16 @@ this very setup; "fit" keeps the raw sweeps and the quality of each fit.
 - Network: ``world`` ranks (at least 2) started by torch's launcher run a
   ping-pong between ranks 0 and 1 and an all-reduce over all ranks, over
   message sizes from 1 KiB to 64 MiB. Each curve is fitted by least squares
-  to the closed form the simulator uses (DESIGN.md): one-way ``t = α + n/B``
-  and ring all-reduce ``t = 2(p-1)·α + 2(p-1)/p · n/B``. The fit weighs each
-  point by 1/t (least squares on relative error), else the 64 MiB points
-  decide everything and α comes out as noise; R² and relative residuals are
-  reported. The all-reduce fit becomes the worker link (what collectives
-  see), the ping-pong fit the server link (what point-to-point pushes see).
+  to the closed form the simulator uses (syncsim.collectives): one-way
+  ``t = α + n/B`` and ring all-reduce ``t = L + 2(p-1)·α + 2(p-1)/p · n/B``.
+  The ping-pong's α is the per-hop latency; the all-reduce's intercept less
+  2(p-1) such hops is L, the fixed cost of one collective
+  (``Cluster.collective_latency``), and its slope gives the bandwidth
+  collectives reach. The fit weighs each point by 1/t (least squares on
+  relative error), else the 64 MiB points decide everything and α comes out
+  as noise; R² and relative residuals are reported. The worker link takes
+  the per-hop α and the all-reduce bandwidth (what collectives see), the
+  server link the ping-pong fit (what point-to-point pushes see).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ def fit_linear(n: np.ndarray, t: np.ndarray) -> tuple[float, float, float, list[
 def link_fits(probe_result: dict, min_bytes: float = 0.0) -> dict:
     """Fitted (α, B) of a probe's ping-pong and all-reduce curves, over messages of at least ``min_bytes``.
 
-    One-way ``t = α + n/B``; ring all-reduce ``t = 2(p-1)·α + 2(p-1)/p · n/B`` solved for α and B.
+    One-way ``t = α + n/B``; ring all-reduce ``t = L + 2(p-1)·α + 2(p-1)/p · n/B`` solved for the
+    launch cost L (α from the ping-pong) and B.
     """
     p = probe_result["world"]
     fits = {}
@@ -63,8 +68,10 @@ def link_fits(probe_result: dict, min_bytes: float = 0.0) -> dict:
         if name == "pingpong":
             fit = {"alpha": max(a, 0.0), "bandwidth": 1.0 / b, "model": "t = alpha + n/B (one way)"}
         else:
-            fit = {"alpha": max(a / (2 * (p - 1)), 0.0), "bandwidth": 2 * (p - 1) / (p * b), "ranks": p,
-                   "model": "t = 2(p-1) alpha + 2(p-1)/p n/B (ring)"}
+            hop = fits["pingpong"]["alpha"]
+            fit = {"alpha": hop, "launch": max(a - 2 * (p - 1) * hop, 0.0), "intercept": a,
+                   "bandwidth": 2 * (p - 1) / (p * b), "ranks": p,
+                   "model": "t = L + 2(p-1) alpha + 2(p-1)/p n/B (ring; alpha from the ping-pong)"}
         fits[name] = fit | {"r2": r2, "relative_residuals": res, "sizes": n.tolist(), "seconds": t.tolist()}
     return fits
 
@@ -182,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     link = Link(bandwidth=fit["allreduce"]["bandwidth"], latency=fit["allreduce"]["alpha"])
     server_link = Link(bandwidth=fit["pingpong"]["bandwidth"], latency=fit["pingpong"]["alpha"])
     cluster = Cluster.homogeneous(gpus=args.world, link=link, servers=args.servers,
-                                  server_link=server_link if args.servers else None, name="calibrated")
+                                  server_link=server_link if args.servers else None, name="calibrated",
+                                  collective_latency=fit["allreduce"]["launch"])
     # The workload takes the time measured with all ranks computing at once:
     # that is what a rank of a real run gets.
     workload = mixed if args.amp else plain
@@ -196,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
           f"with autocast {mixed.compute_time * 1e3:.2f} ms alone, {concurrent['amp'] * 1e3:.2f} ms with {p} ranks")
     for name in ("allreduce", "pingpong"):
         f = fit[name]
-        print(f"real.calibrate: {name}: alpha {f['alpha'] * 1e6:.1f} us, B {f['bandwidth'] / 1e9:.3f} GB/s, "
-              f"R² {f['r2']:.4f}, max |relative residual| {max(map(abs, f['relative_residuals'])):.2f}")
+        launch = f" + launch {f['launch'] * 1e6:.1f} us" if "launch" in f else ""
+        print(f"real.calibrate: {name}: alpha {f['alpha'] * 1e6:.1f} us/hop{launch}, "
+              f"B {f['bandwidth'] / 1e9:.3f} GB/s, R² {f['r2']:.4f}, "
+              f"max |relative residual| {max(map(abs, f['relative_residuals'])):.2f}")
     print(f"real.calibrate: wrote {args.out}")
     return 0
 

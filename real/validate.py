@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for scheme, servers in SCHEMES:
         cluster = Cluster.homogeneous(gpus=2, link=link, servers=servers,
-                                      server_link=server_link if servers else None, name="testbed")
+                                      server_link=server_link if servers else None, name="testbed",
+                                      collective_latency=fits["allreduce"]["launch"])
         predicted = simulate(cluster, workload, scheme, steps=args.steps, seed=0).step_time
         summary = json.loads((out / scheme / "summary.json").read_text())
         rows.append({"scheme": scheme, "hosts": 2 + servers, "predicted": predicted,

@@ -29,8 +29,8 @@ from syncsim.config import check_float, check_int
 from syncsim.schemes import parse
 
 SCHEMES = (
-    "allreduce", "allreduce:algorithm=tree", "allreduce:algorithm=hierarchical", "allreduce:precision=fp16",
-    "ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=8",
+    "allreduce", "allreduce:algorithm=ring", "allreduce:algorithm=tree", "allreduce:algorithm=hierarchical",
+    "allreduce:precision=fp16", "ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=8",
 )
 CLUSTERS = ("a100-100g", "h100-400g")
 WORKLOADS = ("lenet", "resnet50", "vgg16", "bert-large", "gpt2")
@@ -128,7 +128,21 @@ def table(data: pd.DataFrame) -> str:
     top = data[data["gpus"] == data["gpus"].max()]
     pivot = top.pivot_table(index=["cluster", "workload"], columns="scheme", values="speedup")
     return f"speedup at {int(data['gpus'].max())} GPUs (ideal {int(data['gpus'].max())}):\n" + \
-        pivot.round(1).to_string()
+        pivot.round(1).to_string() + "\n\n" + switches(data)
+
+
+def switches(data: pd.DataFrame) -> str:
+    """Where ``allreduce`` (algorithm=auto, NCCL's choice per bucket) changes algorithm as GPUs grow."""
+    auto = data[(data["scheme"] == "allreduce") & (data["gpus"] > 1)].sort_values("gpus")
+    lines = ["allreduce (auto) runs, by GPUs:"]
+    for (cluster, workload), group in auto.groupby(["cluster", "workload"]):
+        runs, previous = [], None
+        for gpus, algorithms in zip(group["gpus"], group["algorithms"].fillna("")):
+            if algorithms != previous:
+                runs.append(f"{algorithms} from {gpus}")
+                previous = algorithms
+        lines.append(f"  {cluster} · {workload}: " + "; ".join(runs))
+    return "\n".join(lines)
 
 
 def telling_trace(out: Path, quick_run: bool) -> Path:

@@ -1,23 +1,48 @@
 """GPUs, the links between them, parameter-server hosts, and how GPUs misbehave.
 
 A cluster is ``nodes`` hosts with ``gpus_per_node`` GPUs each. GPUs on one node
-talk over ``intra`` (NVLink, PCIe); nodes talk over ``inter`` (InfiniBand,
-Ethernet). Parameter servers, when a scheme uses them, are ``servers`` extra
-hosts reached over ``server_link`` (by default ``inter``). Heterogeneity is a
+talk over ``intra`` (NVLink, PCIe): its bandwidth is what one GPU can send
+into the node's fabric, each direction. Nodes talk through their
+``nics_per_node`` NICs; ``inter`` is *one* NIC's link (InfiniBand, Ethernet).
+
+How GPUs reach the NICs (rails): GPU i of a node sends its own traffic (a
+parameter-server push, say) through NIC ``i mod nics_per_node``; when GPUs
+outnumber NICs, the GPUs of one rail share that NIC, so each gets
+``nics_per_node / gpus_per_node`` of one NIC's rate. Collectives are not tied
+to one GPU's rail: NCCL runs one channel per NIC (or a multiple), so a
+collective uses every NIC of the node at once (syncsim.collectives).
+
+``oversubscription`` is the leaf switches' downlink-to-uplink ratio of the
+inter-node fabric (1 = full bisection bandwidth, the default). Parameter-server
+traffic converges on a few hosts through the fabric's core, so each worker's
+share of its NIC is divided by it; ring and tree collectives send to
+neighbours, which NCCL orders by topology, and are not slowed by it (see
+syncsim.collectives). ``collective_latency`` is the fixed cost of launching
+one collective (NCCL's base latency) and ``chunk_bytes`` the granularity at
+which multi-phase collectives pipeline.
+
+Parameter servers, when a scheme uses them, are ``servers`` extra hosts
+reached over ``server_link`` (by default ``inter``). Heterogeneity is a
 per-GPU ``speed`` factor, noise is ``jitter`` (coefficient of variation of
 compute time), and stragglers are a per-step probability of a ``slowdown``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from syncsim.config import ConfigFile, check_float, check_int, check_positive
-from syncsim.units import parse_bandwidth, parse_time
+from syncsim.units import parse_bandwidth, parse_size, parse_time
 
-__all__ = ["Link", "Cluster", "CLUSTER_PRESETS"]
+__all__ = ["Link", "Cluster", "CLUSTER_PRESETS", "DEFAULT_CHUNK_BYTES"]
+
+# NCCL's default per-channel buffer (NCCL_BUFFSIZE = 4 MiB, NCCL's environment-
+# variable documentation): the unit in which one phase of a collective hands
+# data to the next, hence the pipeline granularity of multi-phase collectives.
+DEFAULT_CHUNK_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -55,6 +80,14 @@ class Cluster(ConfigFile):
     gpus_per_node: int = 1
     intra: Link | None = None
     inter: Link | None = None
+    nics_per_node: int = 1
+    """NICs per node; ``inter`` is one NIC's link. GPU i uses NIC i mod nics_per_node (rails)."""
+    oversubscription: float = 1.0
+    """Leaf downlink : uplink ratio of the inter-node fabric (1 = full bisection bandwidth)."""
+    collective_latency: float | str = 0.0
+    """Fixed cost of one collective, on top of its per-hop latencies (NCCL's base latency)."""
+    chunk_bytes: float | str = DEFAULT_CHUNK_BYTES
+    """Pipeline granularity of multi-phase collectives (NCCL_BUFFSIZE)."""
     servers: int = 0
     server_link: Link | None = None
     speed: tuple[float, ...] | None = None
@@ -72,6 +105,13 @@ class Cluster(ConfigFile):
         object.__setattr__(self, "nodes", check_int(owner, "nodes", self.nodes, 1))
         object.__setattr__(self, "gpus_per_node", check_int(owner, "gpus_per_node", self.gpus_per_node, 1))
         object.__setattr__(self, "servers", check_int(owner, "servers", self.servers, 0))
+        object.__setattr__(self, "nics_per_node", check_int(owner, "nics_per_node", self.nics_per_node, 1))
+        object.__setattr__(self, "oversubscription",
+                           check_float(owner, "oversubscription", self.oversubscription, low=1.0))
+        launch = parse_time(self.collective_latency, "Cluster.collective_latency")
+        object.__setattr__(self, "collective_latency", check_float(owner, "collective_latency", launch, low=0.0))
+        chunk = parse_size(self.chunk_bytes, "Cluster.chunk_bytes")
+        object.__setattr__(self, "chunk_bytes", check_float(owner, "chunk_bytes", chunk, low=1.0))
         intra = _as_link(owner, "intra", self.intra)
         inter = _as_link(owner, "inter", self.inter)
         server_link = _as_link(owner, "server_link", self.server_link)
@@ -113,13 +153,27 @@ class Cluster(ConfigFile):
         return link
 
     @property
-    def worker_net(self) -> Link:
-        """A worker's own network link to hosts outside its node (``inter``, else ``intra``)."""
-        link = self.inter or self.intra
-        if link is None:
-            # a single GPU with no links: any traffic would be to itself.
-            return Link(bandwidth=float("1e30"), latency=0.0)
-        return link
+    def node_bandwidth(self) -> float:
+        """Bytes/s one node can send to other nodes: all its NICs together."""
+        if self.inter is None:
+            return math.inf
+        return self.nics_per_node * self.inter.bandwidth  # type: ignore[operator]
+
+    @property
+    def worker_bandwidth(self) -> float:
+        """Bytes/s one GPU's own traffic gets towards hosts outside its node.
+
+        Its rail's share of the node's NICs (``nics_per_node / gpus_per_node``
+        NICs), divided by the fabric's oversubscription: such traffic converges
+        on a few hosts through the fabric's core. On a node with no ``inter``
+        link, the GPU's ``intra`` link (a single-node cluster reaching its
+        servers); with neither, unlimited (one GPU: any traffic is to itself).
+        """
+        if self.inter is not None:
+            return self.node_bandwidth / self.gpus_per_node / self.oversubscription
+        if self.intra is not None:
+            return self.intra.bandwidth  # type: ignore[return-value]
+        return math.inf
 
     def with_gpus(self, gpus: int) -> Cluster:
         """The same hardware scaled to ``gpus`` GPUs: whole nodes when possible, else one partial node."""
@@ -148,24 +202,35 @@ class Cluster(ConfigFile):
 
 
 
-# Sourced cluster presets: 8 GPUs per node on NVLink, one NIC per GPU.
-# - "a100-100g": NVIDIA DGX A100-class node. NVLink 3 gives 600 GB/s per GPU in
-#   both directions together (NVIDIA A100 datasheet), i.e. 300 GB/s each way;
-#   nodes on 100 Gbit/s Ethernet/InfiniBand per GPU, a common cloud fabric
-#   (e.g. AWS p4d: 400 Gbit/s per 8 GPUs is less; 100G per GPU is the usual
-#   on-prem HDR-100 build). Latencies: ~2 us NVLink hop, ~5 us RDMA NIC-to-NIC.
-# - "h100-400g": NVIDIA DGX H100: NVLink 4 at 900 GB/s per GPU both ways
-#   (450 GB/s each way) and one 400 Gbit/s ConnectX-7 NDR NIC per GPU
-#   (NVIDIA DGX H100 datasheet).
+# Sourced cluster presets: 8 GPUs per node on NVLink/NVSwitch, one NIC per GPU
+# (nics_per_node=8, as on NVIDIA DGX A100 and DGX H100). Rates are what NCCL
+# reaches, not line rates, and latencies are those of NCCL's bandwidth protocol:
+# - NVLink: NCCL models a GPU's NVLink as links x per-link rate (src/graph/
+#   topo.h): 12 x 20.0 GB/s = 240 GB/s on A100 (SM80_NVLINK_BW), 18 x 20.6 =
+#   370.8 GB/s on H100 (SM90_NVLINK_BW). An NCCL maintainer: "450GB/s is the
+#   line rate. With the protocol overhead (~20%) NCCL can get an effective
+#   NVLink bandwidth of 370GB/s" (NVIDIA/nccl-tests issue 212).
+# - NICs: "We usually consider 24GB/s is the peak performance per 200G NIC
+#   (12 GB/s for 100G NICs)" (nccl-tests issue 119); "CX-7 NICs at NDR rate
+#   (400Gbps) should achieve up to 48-49GB/s per NIC" (nccl-tests issue 267):
+#   96 % of the line rate.
+# - Latencies: NCCL's tuner (src/graph/tuning.cc, NCCL 2.20) charges its
+#   Simple protocol 3.4 us per NVLink step, 14 us per network step, and a ring
+#   8.4 us of base latency.
+# "a100-100g": DGX A100-class nodes with 100 Gbit/s per GPU (HDR-100 or 100G
+# RoCE rails); "h100-400g": DGX H100, one 400 Gbit/s ConnectX-7 per GPU
+# (NVIDIA DGX H100 datasheet). NVLink SHARP (in-switch reduction on H100) is
+# not modelled: its single-node all-reduce is faster than these presets say.
+_NCCL_LAUNCH = "8.4us"
 CLUSTER_PRESETS: dict[str, dict] = {
     "a100-100g": dict(
-        nodes=1, gpus_per_node=8,
-        intra=Link(bandwidth="300GB/s", latency="2us"),
-        inter=Link(bandwidth="100Gbit/s", latency="5us"),
+        nodes=1, gpus_per_node=8, nics_per_node=8, collective_latency=_NCCL_LAUNCH,
+        intra=Link(bandwidth="240GB/s", latency="3.4us"),
+        inter=Link(bandwidth="12GB/s", latency="14us"),
     ),
     "h100-400g": dict(
-        nodes=1, gpus_per_node=8,
-        intra=Link(bandwidth="450GB/s", latency="2us"),
-        inter=Link(bandwidth="400Gbit/s", latency="5us"),
+        nodes=1, gpus_per_node=8, nics_per_node=8, collective_latency=_NCCL_LAUNCH,
+        intra=Link(bandwidth="370.8GB/s", latency="3.4us"),
+        inter=Link(bandwidth="48GB/s", latency="14us"),
     ),
 }

@@ -5,8 +5,10 @@ communicators). A collective starts each bucket when the last worker has
 produced it and the previous collective on the communicator has finished:
 collectives run one after another, as on NCCL's single stream per
 communicator, so they never contend with each other for the links. Each bucket
-takes the closed-form time of its algorithm (``syncsim.collectives``), which is
-exact for the uncontended homogeneous case.
+takes the closed-form time of its algorithm (``syncsim.collectives``; "auto"
+picks NCCL's fastest for that bucket's size), cached per (algorithm, size), so
+a bucket costs O(1) whatever the cluster's size. Which algorithm ran is
+recorded per bucket (``SimResult.collectives``).
 
 One shared SimPy event per collective resumes all W workers; the per-worker
 bookkeeping is vectorised over workers, so a step of W workers costs O(W)
@@ -19,7 +21,7 @@ import numpy as np
 import simpy
 
 from syncsim.cluster import Cluster
-from syncsim.collectives import allreduce_time
+from syncsim.collectives import choose
 from syncsim.network import triggered
 from syncsim.recorder import KIND_CODE, Recorder
 
@@ -54,14 +56,15 @@ class Communicator:
         self.state = state          # shared model state: .version, .read[worker]
         self.free_at = 0.0          # when the communicator's previous collective finished
         self._pending: _Pending | None = None
-        self._cost: dict[tuple[str, float], float] = {}
+        self._cost: dict[tuple[str, float], tuple[str, float]] = {}
         self._all = np.arange(self.workers)
 
-    def cost(self, algorithm: str, nbytes: float) -> float:
+    def cost(self, algorithm: str, nbytes: float) -> tuple[str, float]:
+        """(algorithm that runs, seconds) of one all-reduce of ``nbytes``."""
         key = (algorithm, nbytes)
         cost = self._cost.get(key)
         if cost is None:
-            cost = self._cost[key] = allreduce_time(algorithm, nbytes, self.cluster)
+            cost = self._cost[key] = choose(algorithm, nbytes, self.cluster)
         return cost
 
     def join(self, worker: int, step: int, kind: str, buckets: tuple[float, ...], ready: tuple[float, ...],
@@ -94,7 +97,9 @@ class Communicator:
             start = max(clock, bucket_ready[b])
             if first is None:
                 first = start
-            clock = start + self.cost(pending.algorithm, nbytes)
+            ran, seconds = self.cost(pending.algorithm, nbytes)
+            clock = start + seconds
+            recorder.collective(pending.step, pending.kind, b, nbytes, ran, start, clock)
         end = clock
         self.free_at = end
         workers = self._all

@@ -10,13 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["Recorder", "KINDS", "TRACE_COLUMNS", "UPDATE_COLUMNS"]
+__all__ = ["Recorder", "KINDS", "TRACE_COLUMNS", "UPDATE_COLUMNS", "COLLECTIVE_COLUMNS"]
 
 # Kinds of trace rows: the actions that take time or move bytes.
 KINDS = ("compute", "allreduce", "average", "push", "wait", "pull")
 KIND_CODE = {kind: code for code, kind in enumerate(KINDS)}
 TRACE_COLUMNS = ("worker", "step", "kind", "start", "end", "bytes")
 UPDATE_COLUMNS = ("worker", "step", "version_read", "version_applied", "staleness", "time_applied")
+# One row per bucket of every collective (shared by all workers): which algorithm ran and when.
+COLLECTIVE_COLUMNS = ("step", "kind", "bucket", "bytes", "algorithm", "start", "end")
 
 
 class Recorder:
@@ -25,6 +27,7 @@ class Recorder:
         self.trace_blocks: list[tuple[np.ndarray, ...]] = []
         self.update_rows: tuple[list, ...] = ([], [], [], [], [])
         self.update_blocks: list[tuple[np.ndarray, ...]] = []
+        self.collective_rows: list[tuple] = []
 
     # -- trace ------------------------------------------------------------------------
     def event(self, worker: int, step: int, kind: int, start: float, end: float, nbytes: float) -> None:
@@ -68,6 +71,11 @@ class Recorder:
             np.full(count, time, dtype=float),
         ))
 
+    # -- collectives ---------------------------------------------------------------------
+    def collective(self, step: int, kind: str, bucket: int, nbytes: float, algorithm: str, start: float,
+                   end: float) -> None:
+        self.collective_rows.append((step, kind, bucket, nbytes, algorithm, start, end))
+
     # -- tables ------------------------------------------------------------------------
     @staticmethod
     def _columns(rows: tuple[list, ...], blocks: list[tuple[np.ndarray, ...]], dtypes: tuple) -> list[np.ndarray]:
@@ -91,3 +99,7 @@ class Recorder:
         order = np.lexsort((w, a, t))  # in the order updates were applied
         return pd.DataFrame({"worker": w[order], "step": s[order], "version_read": r[order],
                              "version_applied": a[order], "staleness": (a - r)[order], "time_applied": t[order]})
+
+    def collectives_frame(self) -> pd.DataFrame:
+        frame = pd.DataFrame(self.collective_rows, columns=list(COLLECTIVE_COLUMNS))
+        return frame.astype({"step": np.int64, "bucket": np.int64, "bytes": float, "start": float, "end": float})

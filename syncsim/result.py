@@ -87,6 +87,11 @@ class SimResult:
         return self.recorder.trace_frame()
 
     @cached_property
+    def collectives(self) -> pd.DataFrame:
+        """One row per bucket of every collective: step, kind, bucket, bytes, algorithm (what ran), start, end."""
+        return self.recorder.collectives_frame()
+
+    @cached_property
     def updates(self) -> pd.DataFrame:
         """One row per applied gradient: worker, step, version_read, version_applied, staleness, time_applied."""
         return self.recorder.updates_frame()
@@ -107,8 +112,20 @@ class SimResult:
             "efficiency": self.efficiency,
             "mean_staleness": float(updates["staleness"].mean()) if len(updates) else 0.0,
             "max_staleness": int(updates["staleness"].max()) if len(updates) else 0,
+            "algorithms": self.algorithms,
             "wall_time": self.wall_time,
         }
+
+    @property
+    def algorithms(self) -> str:
+        """The collective algorithms that ran, by share of bytes, e.g. "tree" or "ring 62% + tree 38%"."""
+        frame = self.collectives
+        if frame.empty:
+            return ""
+        share = frame.groupby("algorithm")["bytes"].sum().sort_values(ascending=False) / frame["bytes"].sum()
+        if len(share) == 1:
+            return str(share.index[0])
+        return " + ".join(f"{name} {fraction:.0%}" for name, fraction in share.items())
 
     def to_chrome_trace(self, path: str | Path, max_workers: int = 64, max_steps: int | None = None) -> Path:
         """Write the trace as Chrome trace-event JSON (open in Perfetto or chrome://tracing).

@@ -4,9 +4,10 @@ The k servers each hold an equal shard of the parameters, so every push or
 pull is k equal flows, one per server. All servers then see the same flows at
 the same times and their NICs evolve identically: one representative link per
 direction carries shards of n/k bytes and stands for all k (exact under that
-symmetry). A worker's own NIC splits between its k concurrent shards, which
-caps each flow at B_worker/k; a server NIC is shared equally by the flows it
-receives. For p simultaneous pushes one push therefore takes
+symmetry). A worker's own share of its node's NICs (``Cluster.
+worker_bandwidth``: its rail, divided by the fabric's oversubscription) splits
+between its k concurrent shards, which caps each flow at B_worker/k; a server
+NIC is shared equally by the flows it receives. For p simultaneous pushes one push therefore takes
 alpha + max(n/B_worker, p·n/(k·B_server)): the parameter server's bottleneck.
 
 Servers only react to arrivals, so they are modelled as these shared
@@ -32,8 +33,8 @@ class ServerGroup:
         self.env = env
         self.k = cluster.servers
         self.workers = cluster.gpus
-        net, worker_net = cluster.server_net, cluster.worker_net
-        cap = worker_net.bandwidth / self.k  # type: ignore[operator]
+        net = cluster.server_net
+        cap = cluster.worker_bandwidth / self.k
         self.down = SharedLink(env, net.bandwidth, cap=cap, name="server-in")  # type: ignore[arg-type]
         self.up = SharedLink(env, net.bandwidth, cap=cap, name="server-out")  # type: ignore[arg-type]
         self.latency = float(net.latency)  # type: ignore[arg-type]

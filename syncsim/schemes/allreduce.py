@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from syncsim.collectives import ALGORITHMS
 from syncsim.config import check_choice, check_float
 from syncsim.schemes.actions import AllReduceGradients, Compute
 from syncsim.schemes.policy import Policy, layer_tuple
@@ -14,7 +15,6 @@ from syncsim.units import parse_size
 
 __all__ = ["AllReduce", "ALGORITHMS", "DEFAULT_BUCKET_BYTES", "gradient_buckets"]
 
-ALGORITHMS = ("ring", "tree", "hierarchical")
 # torch DistributedDataParallel's default bucket_cap_mb = 25 (MiB).
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
@@ -23,7 +23,8 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 @dataclass(frozen=True)
 class AllReduce(Scheme):
     name = "allreduce"
-    algorithm: str = "ring"
+    algorithm: str = "auto"
+    """Collective algorithm per bucket: "auto" (NCCL's choice), "ring", "tree", "hierarchical", "binomial"."""
     bucket_bytes: float = DEFAULT_BUCKET_BYTES
     """Gradient bytes (fp32) per bucket; DDP's ``bucket_cap_mb`` in bytes."""
     overlap: bool = True

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from syncsim.collectives import ALGORITHMS
 from syncsim.config import check_choice, check_int
 from syncsim.schemes.actions import AverageParameters, Compute, LocalUpdate
-from syncsim.schemes.allreduce import ALGORITHMS, AllReduce
+from syncsim.schemes.allreduce import AllReduce
 from syncsim.schemes.policy import Policy, layer_tuple
 from syncsim.schemes.spec import Scheme, register
 
@@ -29,7 +30,7 @@ class LocalSGD(Scheme):
     """Average the replicas after every ``period`` local steps."""
     warmup_steps: int = 0
     """Steps of plain synchronous all-reduce before local steps begin."""
-    algorithm: str = "ring"
+    algorithm: str = "auto"
     """Collective used to average parameters (and gradients during warm-up)."""
 
     def __post_init__(self) -> None:

@@ -29,7 +29,11 @@ def test_calibration_file_loads_into_cluster_and_workload(tmp_path):
     cluster, workload = Cluster.from_json(out), Workload.from_json(out)
     fit = json.loads(out.read_text())["fit"]
     assert cluster.gpus == 2 and cluster.servers == 1
-    assert cluster.worker_net.bandwidth == pytest.approx(fit["allreduce"]["bandwidth"])
+    assert cluster.inter.bandwidth == pytest.approx(fit["allreduce"]["bandwidth"])
+    # per-hop latency from the ping-pong; the all-reduce's intercept less 2(p-1) hops is the launch cost
+    assert cluster.inter.latency == pytest.approx(fit["pingpong"]["alpha"])
+    assert cluster.collective_latency == pytest.approx(max(0.0, fit["allreduce"]["intercept"]
+                                                           - 2 * fit["pingpong"]["alpha"]))
     assert cluster.server_net.bandwidth == pytest.approx(fit["pingpong"]["bandwidth"])
     assert workload.param_bytes == 101_770 * 4 and workload.compute_time > 0
     assert 0 < workload.backward_fraction < 1

@@ -43,7 +43,7 @@ def test_cluster_rejects(kwargs, message):
 def test_cluster_shapes_and_presets():
     assert Cluster.homogeneous(16, LINK).gpus == 16
     c = Cluster.preset("a100-100g", gpus=64)
-    assert (c.nodes, c.gpus_per_node) == (8, 8) and c.inter.bandwidth == 12.5e9
+    assert (c.nodes, c.gpus_per_node) == (8, 8) and c.inter.bandwidth == 12e9 and c.nics_per_node == 8
     small = Cluster.preset("h100-400g", gpus=2)
     assert (small.nodes, small.gpus_per_node) == (1, 2)
     with pytest.raises(ValueError, match="gpus=12 does not fill whole nodes"):
