@@ -37,7 +37,7 @@ from typing import ClassVar
 from syncsim.config import ConfigFile, check_float, check_int, check_positive
 from syncsim.units import parse_bandwidth, parse_size, parse_time
 
-__all__ = ["Link", "Cluster", "CLUSTER_PRESETS", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["Link", "Cluster", "CLUSTER_PRESETS", "CLUSTER_NOTES", "DEFAULT_CHUNK_BYTES"]
 
 # NCCL's default per-channel buffer (NCCL_BUFFSIZE = 4 MiB, NCCL's environment-
 # variable documentation): the unit in which one phase of a collective hands
@@ -67,6 +67,9 @@ def _as_link(owner: str, name: str, value: object) -> Link | None:
     if value is None or isinstance(value, Link):
         return value
     if isinstance(value, dict):
+        unknown = set(value) - {"bandwidth", "latency"}
+        if unknown or "bandwidth" not in value:
+            raise ValueError(f"{owner}.{name} takes bandwidth (required) and latency; got keys {sorted(value)}")
         return Link(**value)
     raise ValueError(f"{owner}.{name} must be a Link (or a dict with bandwidth, latency), got {value!r}")
 
@@ -233,4 +236,11 @@ CLUSTER_PRESETS: dict[str, dict] = {
         intra=Link(bandwidth="370.8GB/s", latency="3.4us"),
         inter=Link(bandwidth="48GB/s", latency="14us"),
     ),
+}
+# One line per preset for `syncsim presets`: what it is and where its numbers come from.
+CLUSTER_NOTES: dict[str, str] = {
+    "a100-100g": "8 x A100 per node, NVLink 3 at 240 GB/s (NCCL topo.h: 12 x 20 GB/s), one 100 Gbit/s NIC per GPU "
+                 "at 12 GB/s (NCCL maintainers, nccl-tests #119); NCCL 2.20 Simple-protocol latencies",
+    "h100-400g": "8 x H100 per node (DGX H100), NVLink 4 at 370.8 GB/s (18 x 20.6 GB/s), one 400 Gbit/s ConnectX-7 "
+                 "per GPU at 48 GB/s (nccl-tests #267); no NVLink SHARP",
 }

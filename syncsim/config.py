@@ -88,5 +88,35 @@ class ConfigFile:
         """Load a file written by ``to_json``, or the ``json_key`` entry of one (``python -m real.calibrate``)."""
         return cls.from_dict(json.loads(Path(path).read_text()))
 
+    @classmethod
+    def from_file(cls, path: str | Path) -> Any:
+        """Load a ``.toml`` or ``.json`` file: the fields at the top level or under ``[json_key]``.
+
+        Every problem is a ``ValueError`` naming the file and what is wrong.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ValueError(f"cannot read {cls.__name__.lower()} file {str(path)!r}: {err.strerror}") from None
+        try:
+            if path.suffix == ".toml":
+                try:
+                    import tomllib
+                except ImportError:  # Python 3.10: the same parser, from PyPI
+                    import tomli as tomllib  # type: ignore[no-redef]
+
+                data = tomllib.loads(text)
+            elif path.suffix == ".json":
+                data = json.loads(text)
+            else:
+                raise ValueError(f"{cls.__name__.lower()} file {str(path)!r} must end in .toml or .json")
+            return cls.from_dict(data)
+        except ValueError as err:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
+            message = str(err)
+            raise ValueError(message if str(path) in message else f"{path}: {message}") from None
+        except TypeError as err:  # a field of the wrong kind reaching a constructor
+            raise ValueError(f"{path}: {err}") from None
+
     def to_json(self, path: str | Path) -> None:
         write_atomic(path, json.dumps(self.to_dict(), indent=2))

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from syncsim.config import ConfigFile, check_float, check_int, check_positive
 from syncsim.units import parse_size, parse_time
 
-__all__ = ["Workload", "WORKLOAD_PRESETS", "estimate_step_time"]
+__all__ = ["Workload", "WORKLOAD_PRESETS", "WORKLOAD_NOTES", "estimate_step_time"]
 
 FP32_BYTES = 4
 
@@ -177,4 +177,15 @@ WORKLOAD_PRESETS: dict[str, dict] = {
     # model); 6·N FLOPs per token, 1,024-token sequences.
     "gpt2": dict(param_bytes=124_439_808 * FP32_BYTES,
                  compute_time=estimate_step_time(6 * 124_439_808 * 1024, 8, _TRANSFORMER_MFU), batch_size=8),
+}
+# One line per preset for `syncsim presets`: what it is and where its numbers come from.
+WORKLOAD_NOTES: dict[str, str] = {
+    "lenet": "the seed article's LeNet corrected for 28x28 MNIST (800 -> 500 -> 10), 431,080 parameters; "
+             "launch-bound, 1 ms per step",
+    "resnet50": "25,557,032 parameters, 4.09 GFLOPs per 224x224 image (torchvision model card); 10% of A100 peak",
+    "vgg16": "138,357,544 parameters, 15.47 GFLOPs per image (torchvision model card); 10% of A100 peak",
+    "bert-large": "336M parameters (Devlin et al. 2019), 6 N FLOPs per token (Kaplan et al. 2020), 128-token "
+                  "sequences; 35% of A100 peak (Narayanan et al. 2021)",
+    "gpt2": "124,439,808 parameters (nanoGPT's GPT-2 small), 6 N FLOPs per token, 1,024-token sequences; "
+            "35% of A100 peak",
 }
