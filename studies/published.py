@@ -1,6 +1,6 @@
 """Predicted against published: nccl-tests all-reduce curves and data-parallel scaling on stated hardware.
 
-``python -m studies.published [--out DIR]`` reads every dataset under
+``python -m studies.published [--out DIR] [--jobs N] [--scheduler ADDRESS]`` reads every dataset under
 ``tests/data/published/`` (a CSV of measured rows and a JSON saying where they
 come from and on what hardware; see that folder's README), builds the
 dataset's cluster from the hardware *as stated* through the component table
@@ -25,6 +25,7 @@ NVSwitch-3 systems: H100, H200) is not modelled.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from studies import sweep
 from studies.common import parse_args, write_csv
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.collectives import choose
@@ -159,14 +161,33 @@ def training_rows(ds: Dataset) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """One dataset to predict (the sweep runner's configuration): its id and a digest of its files."""
+
+    dataset: str
+    digest: str
+    folder: str = str(DATA)
+
+
+def prediction(dataset: Dataset, folder: Path = DATA) -> Prediction:
+    files = b"".join((folder / f"{dataset.id}{suffix}").read_bytes() for suffix in (".json", ".csv"))
+    return Prediction(dataset.id, hashlib.sha256(files).hexdigest()[:16], str(folder))
+
+
+def predict_dataset(config: Prediction) -> list[dict]:
+    folder = Path(config.folder)
+    ds = Dataset(config.dataset, json.loads((folder / f"{config.dataset}.json").read_text()),
+                 pd.read_csv(folder / f"{config.dataset}.csv"))
+    if ds.meta["kind"] == "nccl-allreduce":
+        return allreduce_rows(ds)
+    if ds.meta["kind"] == "training-scaling":
+        return training_rows(ds)
+    raise ValueError(f"{ds.id}: unknown kind {ds.meta['kind']!r}; expected nccl-allreduce or training-scaling")
+
+
 def predict(datasets: list[Dataset]) -> pd.DataFrame:
-    rows: list[dict] = []
-    for ds in datasets:
-        if ds.meta["kind"] == "nccl-allreduce":
-            rows += allreduce_rows(ds)
-        elif ds.meta["kind"] == "training-scaling":
-            rows += training_rows(ds)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([row for ds in datasets for row in predict_dataset(prediction(ds))])
 
 
 def bounded(data: pd.DataFrame) -> pd.DataFrame:
@@ -241,7 +262,9 @@ def plot(csv: Path, out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args("python -m studies.published", __doc__, "results/published", argv)
     started = time.perf_counter()
-    data = predict(load())
+    results = sweep.run(predict_dataset, [prediction(ds) for ds in load()], study="published", out=args.out,
+                        jobs=args.jobs, scheduler=args.scheduler)
+    data = pd.DataFrame([row for rows in results for row in rows])
     out: Path = args.out
     csv = out / "published.csv"
     write_csv(data, csv)

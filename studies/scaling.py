@@ -1,6 +1,6 @@
 """Flagship study: speedup and scaling efficiency of every scheme from 1 to 1,024 GPUs.
 
-``python -m studies.scaling [--quick] [--out DIR] [--jobs N]`` simulates every
+``python -m studies.scaling [--quick] [--out DIR] [--jobs N] [--scheduler ADDRESS]`` simulates every
 scheme below on two sourced clusters (8-GPU NVLink nodes on 100 Gbit/s and on
 400 Gbit/s per GPU) for the sourced workload presets, at every power of two of
 GPUs, and writes
@@ -12,10 +12,21 @@ GPUs, and writes
 
 Parameter-server runs get one server host per worker node (at least one), on
 the cluster's inter-node link, so server capacity grows with the cluster.
+
+Time to accuracy: up to 64 GPUs each configuration is also simulated for
+``REPLAY_STEPS`` steps and replayed on the digits classifier
+(``syncsim.convergence.Digits``, 16 samples per worker per step, the
+staleness study's step size and momentum) until 95 % held-out accuracy;
+``steps_to_target`` and ``time_to_target`` (simulated seconds on this
+cluster and workload) are its columns. The digits problem stands in for the
+model; beyond 64 workers a step's combined batch would be many times the
+problem's data, so those rows leave the columns empty. Results are cached
+(studies.sweep): a rerun computes only what changed.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -23,8 +34,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from studies.common import parse_args, run_all, write_csv
+from studies import sweep
+from studies.common import parse_args, write_csv
 from syncsim import Cluster, Workload, simulate
+from syncsim.convergence import Digits, replay, steps_to_target, time_to_target
 from syncsim.config import check_float, check_int
 from syncsim.schemes import parse
 
@@ -34,6 +47,13 @@ SCHEMES = (
 )
 CLUSTERS = ("a100-100g", "h100-400g")
 WORKLOADS = ("lenet", "resnet50", "vgg16", "bert-large", "gpt2")
+
+
+# The time-to-accuracy replay (see the module's docstring).
+REPLAY_MAX_GPUS = 64
+REPLAY_STEPS = 200
+REPLAY_BATCH = 16
+TARGET, LR, MOMENTUM = 0.95, 0.3, 0.5
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,8 @@ class Run:
     steps: int
     jitter: float = 0.05
     seed: int = 0
+    replay: bool = True
+    """Also replay on digits for time to accuracy (only up to REPLAY_MAX_GPUS GPUs)."""
 
     def __post_init__(self) -> None:
         check_int("Run", "gpus", self.gpus, 1)
@@ -62,21 +84,27 @@ class Study:
     workloads: tuple[str, ...] = WORKLOADS
     schemes: tuple[str, ...] = SCHEMES
     jitter: float = 0.05
+    replay_gpus: int = REPLAY_MAX_GPUS
+    """Replay for time to accuracy up to this many GPUs (0: never)."""
 
     def __post_init__(self) -> None:
         for g in self.gpus:
             check_int("Study", "gpus", g, 1)
         check_int("Study", "steps", self.steps, 2)
         check_float("Study", "jitter", self.jitter, low=0.0)
+        check_int("Study", "replay_gpus", self.replay_gpus, 0)
+        if self.replay_gpus > REPLAY_MAX_GPUS:
+            raise ValueError(f"Study.replay_gpus must be at most {REPLAY_MAX_GPUS} (the digits replay's limit), "
+                             f"got {self.replay_gpus}")
 
     def runs(self) -> list[Run]:
-        return [Run(c, w, s, g, self.steps, self.jitter) for c in self.clusters for w in self.workloads
-                for s in self.schemes for g in self.gpus]
+        return [Run(c, w, s, g, self.steps, self.jitter, replay=g <= self.replay_gpus)
+                for c in self.clusters for w in self.workloads for s in self.schemes for g in self.gpus]
 
 
 def quick() -> Study:
     return Study(gpus=(1, 4, 16, 64), steps=8, workloads=("lenet", "resnet50"),
-                 schemes=("allreduce", "ps:mode=async", "localsgd:period=4"))
+                 schemes=("allreduce", "ps:mode=async", "localsgd:period=4"), replay_gpus=1)
 
 
 def build(run: Run) -> tuple[Cluster, Workload]:
@@ -88,7 +116,16 @@ def build(run: Run) -> tuple[Cluster, Workload]:
 
 def simulate_run(run: Run) -> dict:
     cluster, workload = build(run)
-    return simulate(cluster, workload, run.scheme, steps=run.steps, seed=run.seed).summary()
+    row = simulate(cluster, workload, run.scheme, steps=run.steps, seed=run.seed).summary()
+    row.pop("wall_time")  # machine-dependent: kept out of the study's results, which a rerun must reproduce
+    row.update(target=TARGET, steps_to_target=math.nan, time_to_target=math.nan)
+    if run.replay:
+        longer = simulate(cluster, workload, run.scheme, steps=REPLAY_STEPS, seed=run.seed)
+        curve = replay(longer, Digits(seed=run.seed), lr=LR, momentum=MOMENTUM, seed=run.seed,
+                       batch_size=REPLAY_BATCH, stop=lambda r: r["accuracy"] >= TARGET)
+        row.update(steps_to_target=steps_to_target(curve, TARGET, "accuracy"),
+                   time_to_target=time_to_target(curve, TARGET, "accuracy"))
+    return row
 
 
 def plot(csv: Path, out: Path) -> list[Path]:
@@ -157,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args("python -m studies.scaling", __doc__, "results/scaling", argv)
     study = quick() if args.quick else Study()
     started = time.perf_counter()
-    rows = run_all(simulate_run, study.runs(), args.jobs, "scaling")
+    rows = sweep.run(simulate_run, study.runs(), study="scaling", out=args.out, jobs=args.jobs,
+                     scheduler=args.scheduler)
     out: Path = args.out
     csv = out / "scaling.csv"
     data = write_csv(rows, csv)

@@ -1,6 +1,6 @@
 """Time to accuracy: asynchrony buys throughput and can cost steps; which gets there first?
 
-``python -m studies.staleness [--quick] [--out DIR] [--jobs N]`` simulates
+``python -m studies.staleness [--quick] [--out DIR] [--jobs N] [--scheduler ADDRESS]`` simulates
 each scheme at each worker count and straggler level, replays the simulated
 update order on a LeNet-style classifier of scikit-learn's 8×8 digits
 (``syncsim.convergence.Digits``), and writes to ``results/staleness/``:
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from studies.common import parse_args, run_all, write_csv
+from studies import sweep
+from studies.common import parse_args, write_csv
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.config import check_float, check_int
 from syncsim.convergence import Digits, replay, steps_to_target, time_to_target
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args("python -m studies.staleness", __doc__, "results/staleness", argv)
     study = quick() if args.quick else Study()
     started = time.perf_counter()
-    results = run_all(execute, [(run, study.workload) for run in study.runs()], args.jobs, "staleness")
+    results = sweep.run(execute, [(run, study.workload) for run in study.runs()], study="staleness", out=args.out,
+                        jobs=args.jobs, scheduler=args.scheduler)
     out: Path = args.out
     summary = write_csv([r["summary"] for r in results], out / "summary.csv")
     write_csv(pd.concat([r["curve"] for r in results], ignore_index=True), out / "curves.csv")

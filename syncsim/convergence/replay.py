@@ -68,7 +68,7 @@ class Replayer:
     """
 
     def __init__(self, result: SimResult, problem: Problem, lr: float, momentum: float = 0.0, seed: int = 0,
-                 scaling: LossScaling | None = None) -> None:
+                 scaling: LossScaling | None = None, batch_size: int | None = None) -> None:
         if not isinstance(result, SimResult):
             raise ValueError(f"replay needs a SimResult from syncsim.simulate, got {type(result).__name__}")
         if not isinstance(problem, Problem):
@@ -83,7 +83,9 @@ class Replayer:
         self.wire = Wire(result.scheme.precision)
         # Only fp16 has too little range for raw gradients (see scaler.py).
         self.scaler = (scaling or LossScaling()).scaler(workers) if self.wire.precision == "fp16" else None
-        self.sampler = Sampler(problem.samples, workload.batch_size, workers, seed)
+        # The problem stands in for the model: its minibatch may be the workload's or its own.
+        batch = workload.batch_size if batch_size is None else check_int("replay", "batch_size", batch_size, 1)
+        self.sampler = Sampler(problem.samples, batch, workers, seed)
 
         x0 = np.asarray(problem.init(seed), dtype=float)
         self.replicas = np.tile(x0, (workers, 1))
@@ -248,7 +250,7 @@ def single_blas_thread():
 
 def replay(result: SimResult, problem: Problem, lr: float, momentum: float = 0.0, seed: int = 0,
            every: int | None = None, scaling: LossScaling | None = None,
-           stop: Callable[[dict], bool] | None = None) -> pd.DataFrame:
+           stop: Callable[[dict], bool] | None = None, batch_size: int | None = None) -> pd.DataFrame:
     """Loss (and accuracy) against simulated time of ``problem`` trained in ``result``'s update order.
 
     Rows: version 0 at time 0, then every ``every`` versions (default: about
@@ -256,9 +258,10 @@ def replay(result: SimResult, problem: Problem, lr: float, momentum: float = 0.0
     version, gradients (applied so far), steps (gradients per worker: the
     glossary's step, comparable across schemes), then the problem's metrics.
     ``stop(row)`` returning True ends the replay early (e.g. once a target is
-    met); a non-finite loss ends it too.
+    met); a non-finite loss ends it too. ``batch_size`` is each worker's
+    minibatch on the problem (default: the workload's).
     """
-    replayer = Replayer(result, problem, lr, momentum, seed, scaling)
+    replayer = Replayer(result, problem, lr, momentum, seed, scaling, batch_size)
     total = int(result.versions)
     every = max(1, total // DEFAULT_EVALUATIONS) if every is None else check_int("replay", "every", every, 1)
     workers = replayer.workers
