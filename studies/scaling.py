@@ -37,8 +37,8 @@ import pandas as pd
 from studies import sweep
 from studies.common import parse_args, write_csv
 from syncsim import Cluster, Workload, simulate
-from syncsim.convergence import Digits, replay, steps_to_target, time_to_target
 from syncsim.config import check_float, check_int
+from syncsim.convergence import Digits, replay, steps_to_target, time_to_target
 from syncsim.schemes import parse
 
 SCHEMES = (

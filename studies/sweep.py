@@ -157,7 +157,8 @@ def run(function: Callable[[Any], Any], configs: Sequence[Any], *, study: str, o
 def _on_dask(function: Callable[[Any], Any], configs: list[Any], todo: list[int], scheduler: str,
              finish: Callable[[int, Any], None]) -> None:
     try:
-        from distributed import Client, as_completed as dask_completed
+        from distributed import Client
+        from distributed import as_completed as dask_completed
     except ImportError:
         raise ValueError("--scheduler needs Dask's distributed package: pip install 'distributed>=2024.1'") from None
     try:
