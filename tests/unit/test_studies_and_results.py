@@ -68,3 +68,21 @@ def test_bench_quick_prints_figures(capsys):
     bench.main(["--quick"])
     out = capsys.readouterr().out
     assert "GPU-steps/s" in out and "applied updates/s" in out and "b = " in out
+
+
+def test_precision_study_separates_compute_from_wire(tmp_path):
+    # Basis: 16-bit on the wire halves the bytes (2 of fp32's 4 per value); autocast changes compute time,
+    # not bytes; a step is never slower with fewer bytes or faster compute (same cluster, same noise draws).
+    from studies import precision
+
+    assert precision.main(["--quick", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    data = pd.read_csv(tmp_path / "precision.csv")
+    key = ["cluster", "workload", "gpus", "compute"]
+    wide = data.pivot_table(index=key, columns="precision", values="wire_bytes_per_step")
+    assert (wide["fp16"] == wide["fp32"] / 2).all() and (wide["bf16"] == wide["fp16"]).all()
+    step = data.pivot_table(index=["cluster", "workload", "gpus", "precision"], columns="compute",
+                            values="step_time")
+    assert (step["autocast"] < step["fp32"]).all()
+    by_wire = data.pivot_table(index=key, columns="precision", values="step_time")
+    assert (by_wire["fp16"] <= by_wire["fp32"] * (1 + 1e-12)).all()
+    assert (tmp_path / "precision.png").exists()
