@@ -138,8 +138,8 @@ def verdict(data: pd.DataFrame) -> str:
     lines = ["step-time speed-up (median over clusters, workloads; by GPUs):"]
     for gpus in sorted(data["gpus"].unique()):
         at = t.index.get_level_values("gpus") == gpus
-        lines.append(f"  {gpus:5d} GPUs: autocast compute x{compute[at].median():.2f}, fp16 wire x{wire[at].median():.2f}"
-                     f", both x{both[at].median():.2f}")
+        lines.append(f"  {gpus:5d} GPUs: autocast compute x{compute[at].median():.2f}, "
+                     f"fp16 wire x{wire[at].median():.2f}, both x{both[at].median():.2f}")
     skipped = data.loc[data["precision"] == "fp16", "skipped_share"].dropna()
     if len(skipped):
         lines.append(f"  fp16 wire: {skipped.mean():.2%} of optimiser steps skipped for overflow (GradScaler defaults)")
