@@ -34,7 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from syncsim.config import ConfigFile, check_float, check_int, check_positive
+from syncsim.limits import MAX_GPUS
 from syncsim.units import parse_bandwidth, parse_size, parse_time
 
 __all__ = ["Link", "Cluster", "CLUSTER_PRESETS", "CLUSTER_NOTES", "DEFAULT_CHUNK_BYTES"]
@@ -105,10 +108,13 @@ class Cluster(ConfigFile):
 
     def __post_init__(self) -> None:
         owner = "Cluster"
-        object.__setattr__(self, "nodes", check_int(owner, "nodes", self.nodes, 1))
-        object.__setattr__(self, "gpus_per_node", check_int(owner, "gpus_per_node", self.gpus_per_node, 1))
-        object.__setattr__(self, "servers", check_int(owner, "servers", self.servers, 0))
-        object.__setattr__(self, "nics_per_node", check_int(owner, "nics_per_node", self.nics_per_node, 1))
+        object.__setattr__(self, "nodes", check_int(owner, "nodes", self.nodes, 1, MAX_GPUS))
+        object.__setattr__(self, "gpus_per_node", check_int(owner, "gpus_per_node", self.gpus_per_node, 1, MAX_GPUS))
+        if self.gpus > MAX_GPUS:
+            raise ValueError(f"Cluster.nodes × gpus_per_node must be at most {MAX_GPUS:,} GPUs (syncsim.limits), "
+                             f"got {self.nodes:,} × {self.gpus_per_node:,} = {self.gpus:,}")
+        object.__setattr__(self, "servers", check_int(owner, "servers", self.servers, 0, MAX_GPUS))
+        object.__setattr__(self, "nics_per_node", check_int(owner, "nics_per_node", self.nics_per_node, 1, MAX_GPUS))
         object.__setattr__(self, "oversubscription",
                            check_float(owner, "oversubscription", self.oversubscription, low=1.0))
         launch = parse_time(self.collective_latency, "Cluster.collective_latency")
@@ -129,7 +135,9 @@ class Cluster(ConfigFile):
         object.__setattr__(self, "inter", inter)
         object.__setattr__(self, "server_link", server_link)
         if self.speed is not None:
-            speed = tuple(self.speed) if isinstance(self.speed, Sequence) and not isinstance(self.speed, str) else None
+            # a list, a tuple or a NumPy array straight from a sweep
+            sequence = isinstance(self.speed, (Sequence, np.ndarray)) and not isinstance(self.speed, str)
+            speed = tuple(self.speed) if sequence and np.ndim(self.speed) == 1 else None
             if speed is None:
                 raise ValueError(f"Cluster.speed must be a sequence of per-GPU factors, got {self.speed!r}")
             if len(speed) != self.gpus:
@@ -180,7 +188,7 @@ class Cluster(ConfigFile):
 
     def with_gpus(self, gpus: int) -> Cluster:
         """The same hardware scaled to ``gpus`` GPUs: whole nodes when possible, else one partial node."""
-        gpus = check_int("Cluster", "gpus", gpus, 1)
+        gpus = check_int("Cluster", "gpus", gpus, 1, MAX_GPUS)
         per_node = min(self.gpus_per_node, gpus)
         if gpus % per_node:
             raise ValueError(f"Cluster {self.name!r}: gpus={gpus} does not fill whole nodes of {per_node} GPUs; "

@@ -9,29 +9,43 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from syncsim.files import write_atomic
 
 
-def check_int(owner: str, field: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
-        isinstance(value, float) and value.is_integer()
-    ):
+def is_number(value: object) -> bool:
+    """A real number, Python's or NumPy's (np.int64, np.float32, ...), and not a bool (nor np.bool_)."""
+    # numbers.Real covers int, float and NumPy's integer and floating types (NumPy registers them);
+    # bool is an int subclass, and a flag is never a count.
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(owner: str, field: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as a Python int in [minimum, maximum]; integral floats (3.0) and NumPy integers count."""
+    ok = is_number(value) and (isinstance(value, numbers.Integral) or (math.isfinite(value)  # type: ignore[arg-type]
+                                                                      and float(value).is_integer()))
+    if not ok:
         raise ValueError(f"{owner}.{field} must be an integer >= {minimum}, got {value!r}")
-    value = int(value)  # type: ignore[arg-type]
+    value = int(value)  # type: ignore[call-overload]
     if value < minimum:
         raise ValueError(f"{owner}.{field} must be an integer >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{owner}.{field} must be at most {maximum:,}, got {value:,}")
     return value
 
 
 def check_float(owner: str, field: str, value: object, *, low: float = -math.inf, high: float = math.inf,
                 low_open: bool = False, high_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """``value`` as a finite Python float in the given interval; NumPy numbers count."""
+    if not is_number(value) or not math.isfinite(value):  # type: ignore[arg-type]
         raise ValueError(f"{owner}.{field} must be a finite number, got {value!r}")
-    value = float(value)
+    value = float(value)  # type: ignore[arg-type]
     too_low = value <= low if low_open else value < low
     too_high = value >= high if high_open else value > high
     if too_low or too_high:
@@ -39,6 +53,13 @@ def check_float(owner: str, field: str, value: object, *, low: float = -math.inf
         hi = ")" if high_open else "]"
         raise ValueError(f"{owner}.{field} must be in {lo}{low:g}, {high:g}{hi}, got {value:g}")
     return value
+
+
+def check_bool(owner: str, field: str, value: object) -> bool:
+    """``value`` as a Python bool; NumPy's np.bool_ counts, numbers and strings do not."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{owner}.{field} must be true or false, got {value!r}")
+    return bool(value)
 
 
 def check_choice(owner: str, field: str, value: object, allowed: Sequence[str]) -> str:
@@ -49,7 +70,6 @@ def check_choice(owner: str, field: str, value: object, allowed: Sequence[str]) 
 
 def check_positive(owner: str, field: str, value: float) -> float:
     return check_float(owner, field, value, low=0.0, low_open=True)
-
 
 
 class ConfigFile:

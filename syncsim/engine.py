@@ -23,6 +23,7 @@ from syncsim.cluster import Cluster
 from syncsim.communicator import Communicator
 from syncsim.compute import ComputeTimes
 from syncsim.config import check_int
+from syncsim.limits import SIM_BYTES_PER_WORKER_STEP, check_memory
 from syncsim.recorder import KIND_CODE, Recorder
 from syncsim.result import SimResult
 from syncsim.schemes import (
@@ -191,6 +192,8 @@ def simulate(cluster: Cluster, workload: Workload, scheme: Scheme | str, steps: 
     scheme = parse(scheme)
     steps = check_int("simulate", "steps", steps, 1)
     seed = check_int("simulate", "seed", seed, 0)
+    check_memory("simulate", cluster.gpus * steps, "worker-steps", SIM_BYTES_PER_WORKER_STEP,
+                 "lower steps or the number of GPUs")
     wall = time.perf_counter()
     run = _Run(cluster, workload, scheme, steps, seed)
     for w in range(run.workers):

@@ -12,6 +12,10 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
+
+from syncsim.config import is_number
+
 __all__ = ["parse_size", "parse_time", "parse_bandwidth", "format_size", "format_time"]
 
 _PREFIX = {
@@ -27,7 +31,8 @@ _TIME_UNIT = {
     "s": 1.0, "sec": 1.0, "ms": (1e3,), "us": (1e6,), "µs": (1e6,), "ns": (1e9,),
     "min": 60.0, "h": 3600.0,
 }
-_NUMBER = r"(?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*"
+# ASCII digits only: Python's float() also reads other scripts' digits ("٣"), which no unit string means.
+_NUMBER = r"(?P<num>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*"
 _SIZE_RE = re.compile(_NUMBER + r"(?P<prefix>Ki|Mi|Gi|Ti|Pi|[kKMGTP]?)(?P<unit>bytes|byte|bits|bit|B|b)$")
 _BW_RE = re.compile(
     _NUMBER + r"(?P<prefix>Ki|Mi|Gi|Ti|Pi|[kKMGTP]?)(?P<unit>bytes|byte|bits|bit|B|b)(?:/s|ps)$"
@@ -40,10 +45,10 @@ BANDWIDTH_UNITS = "B/s, MB/s, GB/s, GiB/s, Mbit/s, Gbit/s, Gbps, ..."
 
 
 def _number(value: object, what: str, allowed: str, pattern: re.Pattern[str], units: dict) -> float:
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{what} {value!r} is not a number; give a float in SI base units or a string in {allowed}")
-    if isinstance(value, (int, float)):
-        result = float(value)
+    if is_number(value):  # Python's or NumPy's
+        result = float(value)  # type: ignore[arg-type]
     elif isinstance(value, str) and re.fullmatch(_NUMBER, value.strip()):
         result = float(value)  # a bare number in a string is already in SI base units
     elif isinstance(value, str):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from syncsim.config import ConfigFile, check_float, check_int, check_positive
+from syncsim.limits import MAX_PARAM_BYTES
 from syncsim.units import parse_size, parse_time
 
 __all__ = ["Workload", "WORKLOAD_PRESETS", "WORKLOAD_NOTES", "estimate_step_time"]
@@ -56,7 +57,11 @@ class Workload(ConfigFile):
                     raise ValueError(f"Workload.layers[{i}] must be a positive byte count, got {b:g}")
         param_bytes = sum(layers) if self.param_bytes is None and layers else parse_size(
             self.param_bytes, "Workload.param_bytes")
-        object.__setattr__(self, "param_bytes", check_positive(owner, "param_bytes", param_bytes))
+        param_bytes = check_positive(owner, "param_bytes", param_bytes)
+        if param_bytes > MAX_PARAM_BYTES:
+            raise ValueError(f"Workload.param_bytes must be at most 1 PiB ({MAX_PARAM_BYTES:.4g} bytes, "
+                             f"syncsim.limits.MAX_PARAM_BYTES), got {param_bytes:g}")
+        object.__setattr__(self, "param_bytes", param_bytes)
         if layers is not None and abs(sum(layers) - param_bytes) > 1e-6 * param_bytes:
             raise ValueError(f"Workload.layers sum to {sum(layers):g} bytes but param_bytes is {param_bytes:g}")
         object.__setattr__(self, "layers", layers)

@@ -20,6 +20,7 @@ import numpy as np
 
 from syncsim.config import check_float, check_int
 from syncsim.convergence.problems import Problem
+from syncsim.limits import check_memory
 
 __all__ = ["Digits"]
 
@@ -44,6 +45,10 @@ class Digits(Problem):
         object.__setattr__(self, "test_fraction", check_float("Digits", "test_fraction", self.test_fraction,
                                                               low=0.0, high=1.0, low_open=True, high_open=True))
         object.__setattr__(self, "seed", check_int("Digits", "seed", self.seed, 0))
+        # parameters (a few copies in the replay) and the activations of all 1,797 images
+        c, h = self.channels, self.hidden
+        check_memory("Digits", 10 * c + (9 * c + 11) * h + 1797 * (36 * c + h), "values (parameters and activations)",
+                     32, "lower channels or hidden")
 
     # -- data ---------------------------------------------------------------------------
     @cached_property

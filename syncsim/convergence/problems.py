@@ -16,7 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
-from syncsim.config import check_float, check_int
+from syncsim.config import check_float, check_int, is_number
+from syncsim.limits import check_memory
 
 __all__ = ["Problem", "Quadratic", "LogisticRegression", "log_sigmoid", "sigmoid"]
 
@@ -70,7 +71,7 @@ class Quadratic(Problem):
 
     def __post_init__(self) -> None:
         values = self.eigenvalues
-        if isinstance(values, (int, float)) or not hasattr(values, "__iter__") or len(tuple(values)) == 0:
+        if is_number(values) or not hasattr(values, "__iter__") or len(tuple(values)) == 0:
             raise ValueError(f"Quadratic.eigenvalues must be a non-empty sequence of numbers > 0, got {values!r}")
         values = tuple(check_float("Quadratic", f"eigenvalues[{i}]", v, low=0.0, low_open=True)
                        for i, v in enumerate(values))
@@ -78,6 +79,9 @@ class Quadratic(Problem):
         object.__setattr__(self, "noise", check_float("Quadratic", "noise", self.noise, low=0.0))
         object.__setattr__(self, "pool", check_int("Quadratic", "pool", self.pool, 1))
         object.__setattr__(self, "seed", check_int("Quadratic", "seed", self.seed, 0))
+        if self.noise > 0:  # the per-sample noise is drawn up front: pool × dim values
+            check_memory("Quadratic", self.pool * len(values), "noise values (pool × eigenvalues)", 8,
+                         "lower pool or the number of eigenvalues")
 
     @property
     def dim(self) -> int:
@@ -137,6 +141,9 @@ class LogisticRegression(Problem):
         object.__setattr__(self, "l2", check_float(owner, "l2", self.l2, low=0.0))
         object.__setattr__(self, "margin", check_float(owner, "margin", self.margin, low=0.0, low_open=True))
         object.__setattr__(self, "seed", check_int(owner, "seed", self.seed, 0))
+        # the data set is drawn up front in float64 and kept (training part) in float32
+        check_memory(owner, (self.samples + self.test_samples) * self.features, "feature values", 12,
+                     "lower features or samples")
 
     @property
     def dim(self) -> int:

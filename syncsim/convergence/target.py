@@ -11,6 +11,8 @@ import math
 
 import pandas as pd
 
+from syncsim.config import is_number
+
 __all__ = ["time_to_target", "steps_to_target", "first_at_target"]
 
 # Metrics where larger is better; every other metric (loss) is met from above.
@@ -21,7 +23,7 @@ def first_at_target(curve: pd.DataFrame, target: float, metric: str = "loss") ->
     """Position of the first row meeting ``target`` (loss ≤ target, accuracy ≥ target), or None."""
     if metric not in curve.columns:
         raise ValueError(f"the curve has no column {metric!r}; columns: {', '.join(map(str, curve.columns))}")
-    if not isinstance(target, (int, float)) or isinstance(target, bool) or not math.isfinite(target):
+    if not is_number(target) or not math.isfinite(target):
         raise ValueError(f"target must be a finite number, got {target!r}")
     values = curve[metric].to_numpy()
     met = values >= target if metric in HIGHER_IS_BETTER else values <= target

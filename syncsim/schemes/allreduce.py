@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from syncsim.collectives import ALGORITHMS
-from syncsim.config import check_choice, check_float
+from syncsim.config import check_bool, check_choice, check_float
+from syncsim.limits import MAX_BUCKETS
 from syncsim.schemes.actions import AllReduceGradients, Compute
-from syncsim.schemes.policy import Policy, layer_tuple
+from syncsim.schemes.policy import Policy
 from syncsim.schemes.spec import Scheme, register
 from syncsim.units import parse_size
 
@@ -36,14 +37,12 @@ class AllReduce(Scheme):
         bucket = parse_size(self.bucket_bytes, "AllReduce.bucket_bytes")
         object.__setattr__(self, "bucket_bytes", check_float("AllReduce", "bucket_bytes", bucket,
                                                              low=1.0))
-        if not isinstance(self.overlap, bool):
-            raise ValueError(f"AllReduce.overlap must be true or false, got {self.overlap!r}")
+        object.__setattr__(self, "overlap", check_bool("AllReduce", "overlap", self.overlap))
 
     def policy(self, param_bytes: float, layers: Sequence[float] | None = None,
                backward_fraction: float = 2 / 3) -> Policy:
-        action = self.action(param_bytes, layers, backward_fraction)
-        plan = (Compute(), action)
-        return Policy(self, param_bytes, layer_tuple(param_bytes, layers), lambda step, steps: plan)
+        return Policy.constant(self, param_bytes, layers, (Compute(), self.action(param_bytes, layers,
+                                                                                 backward_fraction)))
 
     def action(self, param_bytes: float, layers: Sequence[float] | None,
                backward_fraction: float) -> AllReduceGradients:
@@ -69,6 +68,11 @@ def gradient_buckets(param_bytes: float, layers: Sequence[float] | None, bucket_
     """
     if layers is None:
         count = max(1, math.ceil(param_bytes / bucket_bytes - 1e-9))
+        if count > MAX_BUCKETS:
+            raise ValueError(f"AllReduce.bucket_bytes: {param_bytes:g} bytes of gradients in buckets of "
+                             f"{bucket_bytes:g} bytes make {count:,} buckets, more than the {MAX_BUCKETS:,} allowed "
+                             f"(syncsim.limits.MAX_BUCKETS); raise bucket_bytes to at least "
+                             f"{math.ceil(param_bytes / MAX_BUCKETS):,}")
         sizes = [param_bytes / count] * count
     else:
         sizes, current = [], 0.0

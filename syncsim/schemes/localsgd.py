@@ -61,4 +61,9 @@ class LocalSGD(Scheme):
                 return warm_plan
             return synced if self.is_sync_step(step, steps) else local
 
-        return Policy(self, param_bytes, layer_tuple(param_bytes, layers), planner)
+        def distinct(steps: int) -> tuple[int, ...]:
+            # a warm-up step, the first step after it (local unless period is 1), the
+            # first averaging step and the last step, which always averages
+            return 0, self.warmup_steps, self.warmup_steps + self.period - 1, steps - 1
+
+        return Policy(self, param_bytes, layer_tuple(param_bytes, layers), planner, distinct)

@@ -7,7 +7,7 @@ real executor comparable action by action.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from syncsim.schemes.actions import Action
@@ -17,12 +17,26 @@ __all__ = ["Policy"]
 
 @dataclass(frozen=True)
 class Policy:
-    """``plan(step, steps)`` gives the actions of one worker's step ``step`` of ``steps``."""
+    """``plan(step, steps)`` gives the actions of one worker's step ``step`` of ``steps``.
+
+    ``distinct_steps(steps)`` names a few steps whose plans, between them, include every
+    distinct plan of a ``steps``-step run, so that what a run needs (which actions, which
+    bucket sizes) is known without building a plan per step: a million-step run costs the
+    same to set up as a ten-step one. Each scheme states its own (tests check them against
+    every step); by default it is every step.
+    """
 
     scheme: object
     param_bytes: float
     layers: tuple[float, ...] | None
     _planner: Callable[[int, int], tuple[Action, ...]] = field(repr=False)
+    _distinct: Callable[[int], Iterable[int]] | None = field(default=None, repr=False)
+
+    @classmethod
+    def constant(cls, scheme: object, param_bytes: float, layers: Sequence[float] | None,
+                 plan: tuple[Action, ...]) -> Policy:
+        """The same plan every step."""
+        return cls(scheme, param_bytes, layer_tuple(param_bytes, layers), lambda step, steps: plan, lambda steps: (0,))
 
     def plan(self, step: int, steps: int) -> tuple[Action, ...]:
         if not 0 <= step < steps:
@@ -32,15 +46,23 @@ class Policy:
     def plans(self, steps: int) -> list[tuple[Action, ...]]:
         return [self.plan(step, steps) for step in range(steps)]
 
+    def distinct_steps(self, steps: int) -> list[int]:
+        chosen = range(steps) if self._distinct is None else self._distinct(steps)
+        return sorted({step for step in chosen if 0 <= step < steps})
+
+    def actions(self, steps: int) -> set[Action]:
+        """Every distinct action the plan emits over ``steps`` steps."""
+        return {action for step in self.distinct_steps(steps) for action in self.plan(step, steps)}
+
     def action_types(self, steps: int) -> set[type]:
         """Every kind of action the plan uses over ``steps`` steps (what an executor must set up)."""
-        return {type(action) for plan in self.plans(steps) for action in plan}
+        return {type(action) for action in self.actions(steps)}
 
     def wire_bytes(self, steps: int) -> float:
         """Payload bytes one worker sends over ``steps`` steps (collectives count the input size)."""
         total = 0.0
-        for plan in self.plans(steps):
-            for action in plan:
+        for step in range(steps):
+            for action in self.plan(step, steps):
                 total += getattr(action, "nbytes", 0.0)
         return total
 

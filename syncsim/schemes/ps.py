@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from syncsim.config import check_choice, check_int
 from syncsim.schemes.actions import Compute, Pull, Push, WaitForClock
-from syncsim.schemes.policy import Policy, layer_tuple
+from syncsim.schemes.policy import Policy
 from syncsim.schemes.spec import Scheme, register
 
 __all__ = ["ParameterServer", "MODES"]
@@ -66,5 +66,4 @@ class ParameterServer(Scheme):
         if self.slack is not None:
             actions.append(WaitForClock(slack=self.slack))
         actions.append(Pull(nbytes=wire))
-        plan = tuple(actions)
-        return Policy(self, param_bytes, layer_tuple(param_bytes, layers), lambda step, steps: plan)
+        return Policy.constant(self, param_bytes, layers, tuple(actions))

@@ -9,13 +9,14 @@ the same text names a scheme in CLIs, studies and CSV columns.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from syncsim.config import check_choice
+from syncsim.config import check_bool, check_choice
 from syncsim.units import parse_size
 
-__all__ = ["Scheme", "parse", "register", "SCHEMES", "PRECISIONS", "WIRE_BYTES_PER_VALUE"]
+__all__ = ["Scheme", "parse", "GRAMMAR", "register", "SCHEMES", "PRECISIONS", "WIRE_BYTES_PER_VALUE"]
 
 # Bytes per gradient/parameter value on the wire for each precision.
 WIRE_BYTES_PER_VALUE = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -44,8 +45,7 @@ class Scheme:
 
     def __post_init__(self) -> None:
         check_choice(type(self).__name__, "precision", self.precision, PRECISIONS)
-        if not isinstance(self.amp, bool):
-            raise ValueError(f"{type(self).__name__}.amp must be true or false, got {self.amp!r}")
+        object.__setattr__(self, "amp", check_bool(type(self).__name__, "amp", self.amp))
 
     @property
     def wire_ratio(self) -> float:
@@ -81,59 +81,67 @@ def _format(key: str, value: Any) -> str:
                 return f"{int(value / scale)}{unit}"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if value is None:
-        return "none"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
 
 
-def _convert(scheme: str, key: str, text: str, default: Any, annotation: str) -> Any:
-    lowered = text.strip().lower()
-    if lowered in ("none", "null"):
-        return None
+# The grammar, exactly: NAME [":" KEY "=" VALUE {"," KEY "=" VALUE}], ASCII only. Names are case-
+# insensitive and blanks around a token are ignored; nothing else is: no empty option list after
+# ":", no empty option (a stray or trailing comma), no value without a key or key without a value.
+GRAMMAR = "NAME[:key=value,...]"
+_VALUE = re.compile(r"[A-Za-z0-9_.+-]+", re.ASCII)
+_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_BOOLS = {"true": True, "false": False}
+
+
+def _convert(scheme: str, key: str, text: str, annotation: str) -> Any:
+    # No field documents a "none" value, so "none"/"null" are refused like any other bad word.
     if "bool" in annotation:
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"scheme {scheme!r}: {key} must be true or false, got {text!r}")
+        if text.lower() not in _BOOLS:
+            raise ValueError(f"scheme {scheme!r}: {key} must be true or false, got {text!r}")
+        return _BOOLS[text.lower()]
     if "bytes" in key:
         return parse_size(text, f"{scheme}.{key}")
     if "int" in annotation:
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"scheme {scheme!r}: {key} must be an integer, got {text!r}") from None
+        if not _INT.fullmatch(text):
+            raise ValueError(f"scheme {scheme!r}: {key} must be an integer, got {text!r}")
+        return int(text)
     if "float" in annotation:
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"scheme {scheme!r}: {key} must be a number, got {text!r}") from None
-    return text.strip()
+        if not _FLOAT.fullmatch(text):
+            raise ValueError(f"scheme {scheme!r}: {key} must be a number, got {text!r}")
+        return float(text)
+    return text
 
 
 def parse(text: str | Scheme) -> Scheme:
-    """A scheme from its string form, e.g. ``parse("ps:staleness=2")``."""
+    """A scheme from its string form, e.g. ``parse("ps:staleness=2")``; see GRAMMAR."""
     if isinstance(text, Scheme):
         return text
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"a scheme is written NAME[:key=value,...] with NAME in {', '.join(SCHEMES)}; got {text!r}")
-    name, _, rest = text.strip().partition(":")
+        raise ValueError(f"a scheme is written {GRAMMAR} with NAME in {', '.join(SCHEMES)}; got {text!r}")
+    name, colon, rest = text.strip().partition(":")
     name = name.strip().lower()
     if name not in SCHEMES:
         raise ValueError(f"unknown scheme {name!r} in {text!r}; choose one of {', '.join(SCHEMES)}")
+    if colon and not rest.strip():
+        raise ValueError(f"scheme {text!r}: nothing after ':'; write {name} alone or {name}:key=value,...")
     cls = SCHEMES[name]
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise ValueError(f"scheme {name!r}: expected key=value, got {item!r}")
+    for item in rest.split(",") if colon else ():
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not item.strip():
+            raise ValueError(f"scheme {text!r}: empty option (a stray comma); write {GRAMMAR}")
+        if not eq or not key:
+            raise ValueError(f"scheme {name!r}: expected key=value, got {item.strip()!r}")
         if key not in fields:
             raise ValueError(f"scheme {name!r} has no option {key!r}; options: {', '.join(fields)}")
         if key in kwargs:
             raise ValueError(f"scheme {name!r}: option {key!r} given twice")
-        kwargs[key] = _convert(name, key, value, fields[key].default, str(fields[key].type))
+        if not _VALUE.fullmatch(value):
+            raise ValueError(f"scheme {name!r}: {key} needs a value of ASCII letters, digits, '.', '+', '-' "
+                             f"or '_', got {value!r}")
+        kwargs[key] = _convert(name, key, value, str(fields[key].type))
     return cls(**kwargs)
