@@ -22,7 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from real.lifeline import die_with_parent
+from syncsim.arguments import ArgumentParser, check_count, fail, integer, number
+from syncsim.limits import check_memory
+
 __all__ = ["main", "BYTE_SCHEMES"]
+
+MAX_REPEATS = 1000  # alternating runs of the executor and the plain loop
 
 BYTE_SCHEMES = (
     ("allreduce", 0), ("allreduce:precision=fp16", 0), ("allreduce:precision=bf16,overlap=false", 0),
@@ -69,6 +75,7 @@ def side_by_side(args: argparse.Namespace) -> None:
     from real.models import build
     from real.trace import Recorder
 
+    die_with_parent()  # a benchmark rank ends with its launcher (real.lifeline)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = RunConfig(scheme="allreduce", world=world, model=args.model, data=args.data, steps=args.steps + 1,
@@ -118,27 +125,37 @@ def run_side_by_side(args, tmp: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from real.config import DATA, MODELS
+    from real.config import DATA, MODELS, RunConfig
+    from real.run import RANK_BYTES
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m real.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="lenet", choices=MODELS)
     ap.add_argument("--data", default="synthetic", choices=DATA)
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--byte-steps", type=int, default=8)
+    ap.add_argument("--world", type=integer, default=2)
+    ap.add_argument("--steps", type=integer, default=100)
+    ap.add_argument("--batch-size", type=integer, default=64)
+    ap.add_argument("--lr", type=number, default=0.05)
+    ap.add_argument("--seed", type=integer, default=0)
+    ap.add_argument("--repeats", type=integer, default=3)
+    ap.add_argument("--byte-steps", type=integer, default=8)
     ap.add_argument("--skip-bytes", action="store_true")
     ap.add_argument("--side-by-side", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.side_by_side:
         side_by_side(args)
         return 0
-    if args.world < 1 or args.steps < 5 or args.repeats < 1:
-        print("real.bench: error: need --world >= 1, --steps >= 5, --repeats >= 1", file=sys.stderr)
-        return 2
+    try:
+        # every run this benchmark makes, checked as real.run would before any rank starts
+        check_count("--steps", args.steps, 5)
+        check_count("--repeats", args.repeats, 1, MAX_REPEATS)
+        check_count("--byte-steps", args.byte_steps, 1)
+        for steps in (args.steps + 1, args.byte_steps):
+            RunConfig(world=args.world, model=args.model, data=args.data, steps=steps, batch_size=args.batch_size,
+                      lr=args.lr, seed=args.seed, out=tempfile.gettempdir())
+        servers = max(servers for _, servers in BYTE_SCHEMES)
+        check_memory("real.bench", args.world + servers, "ranks on this machine", RANK_BYTES, "lower --world")
+    except ValueError as err:
+        return fail("real.bench", err)
     import real.models
     from syncsim.schemes import parse
 

@@ -38,7 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
+from real.lifeline import die_with_parent
+from syncsim.arguments import ArgumentParser, check_count, fail, integer
+from syncsim.files import check_out_file
+from syncsim.limits import MAX_GPUS, check_memory
+
 __all__ = ["main", "fit_linear", "link_fits", "measure_compute"]
+
+MAX_REPEATS = 10_000  # repeats per message size: 64 MiB messages 10,000 times is hours already
 
 SIZES = tuple(2**k for k in range(10, 27, 2))  # 1 KiB .. 64 MiB, ×4 apart
 
@@ -97,6 +104,7 @@ def probe(out: str, repeats: int, model_name: str, batch_size: int, sizes: tuple
     import torch
     import torch.distributed as dist
 
+    die_with_parent()  # a probe rank ends with its launcher (real.lifeline)
     dist.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
     results = {"pingpong": [], "allreduce": [], "compute_concurrent": {}}
@@ -151,25 +159,31 @@ def measure_network(world: int, repeats: int, model_name: str, batch_size: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from real.config import MODELS
+    from real.config import MODELS, RunConfig
+    from real.run import RANK_BYTES
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m real.calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="lenet", choices=MODELS)
-    ap.add_argument("--world", type=int, default=2, help="ranks in the network sweep (>= 2)")
-    ap.add_argument("--servers", type=int, default=0, help="parameter-server hosts to put in the cluster")
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--world", type=integer, default=2, help="ranks in the network sweep (>= 2)")
+    ap.add_argument("--servers", type=integer, default=0, help="parameter-server hosts to put in the cluster")
+    ap.add_argument("--batch-size", type=integer, default=32)
     ap.add_argument("--amp", action="store_true", help="use the autocast compute time as the workload")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=integer, default=7)
     ap.add_argument("--out", default="results/real/calibration.json")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe:
         probe(args.probe, args.repeats, args.model, args.batch_size)
         return 0
-    if args.world < 1 or args.servers < 0 or args.batch_size < 1 or args.repeats < 1:
-        print("real.calibrate: error: --world, --batch-size and --repeats must be >= 1, --servers >= 0",
-              file=sys.stderr)
-        return 2
+    try:
+        # the same bounds as a real run's, then the output file: all before anything is measured
+        RunConfig(world=args.world, servers=0, model=args.model, batch_size=args.batch_size, out=tempfile.gettempdir())
+        check_count("--servers", args.servers, 0, MAX_GPUS)
+        check_count("--repeats", args.repeats, 1, MAX_REPEATS)
+        check_memory("real.calibrate", max(2, args.world), "ranks on this machine", RANK_BYTES, "lower --world")
+        check_out_file(args.out)
+    except ValueError as err:
+        return fail("real.calibrate", err)
     import torch
 
     from syncsim.cluster import Cluster, Link

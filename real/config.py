@@ -13,7 +13,10 @@ import argparse
 from dataclasses import dataclass, fields
 from functools import cached_property
 
-from syncsim.config import check_choice, check_float, check_int
+from syncsim.arguments import ArgumentParser, integer, number
+from syncsim.config import check_bool, check_choice, check_float, check_int
+from syncsim.files import check_out_dir
+from syncsim.limits import MAX_GPUS, RUN_BYTES_PER_RANK_STEP, check_memory
 from syncsim.schemes import Pull, Push, WaitForClock, parse
 
 __all__ = ["RunConfig", "MODELS", "DATA", "parser"]
@@ -25,23 +28,44 @@ DEVICES = ("cpu", "cuda")
 FAIL_MODES = ("crash", "hang")
 # Actions that talk to parameter-server ranks: a plan containing any of them needs servers.
 SERVER_ACTIONS = (Push, WaitForClock, Pull)
+MAX_TIMEOUT = 86400.0  # seconds: --timeout at most a day
+MAX_SLOW = 1000.0  # --slow factor: a rank 1000 times slower is already a hung one
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
+# What one sample costs a rank at most (input, activations and their gradients, for the models
+# in real.models: LeNet's 28x28 input makes about 20k activations): 256 KiB is a generous bound.
+SAMPLE_BYTES = 256 * 2**10
 
 
-def _pairs(owner: str, text: str | tuple, kinds: tuple) -> tuple:
-    """``"1:2.5,3:4"`` -> ((1, 2.5), (3, 4)) with each field converted by ``kinds``."""
-    if isinstance(text, tuple):
-        return text
+def _pairs(owner: str, value: str | tuple | list, kinds: tuple) -> tuple:
+    """``"1:2.5,3:4"`` (or ((1, 2.5), (3, 4))) -> ((1, 2.5), (3, 4)), each field checked by ``kinds``.
+
+    The text form is exactly ITEM[,ITEM...] with ASCII numbers: no empty item, no stray comma.
+    """
+    form = f"RunConfig.{owner} must look like {_FORMS[owner]}"
+    if isinstance(value, str):
+        raw = [tuple(part.strip().split(":")) for part in value.split(",")] if value.strip() else []
+    elif isinstance(value, (tuple, list)):
+        raw = [tuple(item) if isinstance(item, (tuple, list)) else (item,) for item in value]
+    else:
+        raise ValueError(f"{form}, got {value!r}")
+    need = len(kinds) - (1 if kinds[-1] is str else 0)
     items = []
-    for part in filter(None, (p.strip() for p in str(text).split(","))):
-        pieces = part.split(":")
-        need = len(kinds) - (1 if kinds[-1] is str else 0)
+    for pieces in raw:
         if not need <= len(pieces) <= len(kinds):
-            raise ValueError(f"RunConfig.{owner} must look like {_FORMS[owner]}, got {part!r}")
+            raise ValueError(f"{form}, got {':'.join(map(str, pieces))!r}")
         try:
             items.append(tuple(kind(p) for kind, p in zip(kinds, pieces)))
-        except ValueError:
-            raise ValueError(f"RunConfig.{owner} must look like {_FORMS[owner]}, got {part!r}") from None
+        except (ValueError, TypeError, argparse.ArgumentTypeError):
+            raise ValueError(f"{form}, got {':'.join(map(str, pieces))!r}") from None
     return tuple(items)
+
+
+def _as_int(value: object) -> int:
+    return integer(value) if isinstance(value, str) else check_int("RunConfig", "rank or step", value, 0)
+
+
+def _as_float(value: object) -> float:
+    return number(value) if isinstance(value, str) else check_float("RunConfig", "factor", value)
 
 
 _FORMS = {"slow": "RANK:FACTOR (e.g. 1:3)", "fail": "RANK:STEP[:crash|hang] (e.g. 1:5)"}
@@ -86,15 +110,18 @@ class RunConfig:
         except ValueError as err:
             raise ValueError(f"RunConfig.scheme: {err}") from None
         object.__setattr__(self, "scheme", str(spec))
-        object.__setattr__(self, "world", check_int(owner, "world", self.world, 1))
-        object.__setattr__(self, "servers", check_int(owner, "servers", self.servers, 0))
+        object.__setattr__(self, "world", check_int(owner, "world", self.world, 1, MAX_GPUS))
+        object.__setattr__(self, "servers", check_int(owner, "servers", self.servers, 0, MAX_GPUS))
         check_choice(owner, "model", self.model, MODELS)
         check_choice(owner, "data", self.data, DATA)
         object.__setattr__(self, "steps", check_int(owner, "steps", self.steps, 1))
+        check_memory("RunConfig.steps", self.steps, "steps of one rank", RUN_BYTES_PER_RANK_STEP, "lower --steps")
         object.__setattr__(self, "batch_size", check_int(owner, "batch_size", self.batch_size, 1))
+        check_memory("RunConfig.batch_size", self.batch_size, "samples in a batch", SAMPLE_BYTES, "lower --batch-size")
         object.__setattr__(self, "lr", check_float(owner, "lr", self.lr, low=0.0, low_open=True))
-        object.__setattr__(self, "seed", check_int(owner, "seed", self.seed, 0))
-        object.__setattr__(self, "timeout", check_float(owner, "timeout", self.timeout, low=1.0))
+        object.__setattr__(self, "seed", check_int(owner, "seed", self.seed, 0, MAX_SEED))
+        # a day is far beyond any wait of a healthy run; timedelta overflows past 10^9 days
+        object.__setattr__(self, "timeout", check_float(owner, "timeout", self.timeout, low=1.0, high=MAX_TIMEOUT))
         check_choice(owner, "backend", self.backend, BACKENDS)
         check_choice(owner, "device", self.device, DEVICES)
         # Which topology the scheme needs is read off its plan (the actions it
@@ -114,11 +141,11 @@ class RunConfig:
                                  "and torch.cuda.is_available() is False here; use --backend gloo --device cpu")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("RunConfig.backend: nccl moves CUDA tensors only; add --device cuda")
-        slow = _pairs("slow", self.slow, (int, float))
-        fail = _pairs("fail", self.fail, (int, int, str))
+        slow = _pairs("slow", self.slow, (_as_int, _as_float))
+        fail = _pairs("fail", self.fail, (_as_int, _as_int, str))
         for rank, factor in slow:
             self._check_rank("slow", rank)
-            check_float(owner, f"slow[{rank}]", factor, low=1.0)
+            check_float(owner, f"slow[{rank}]", factor, low=1.0, high=MAX_SLOW)
         for item in fail:
             self._check_rank("fail", item[0])
             check_int(owner, f"fail[{item[0]}].step", item[1], 0)
@@ -128,8 +155,11 @@ class RunConfig:
                 check_choice(owner, "fail mode", item[2], FAIL_MODES)
         object.__setattr__(self, "slow", slow)
         object.__setattr__(self, "fail", fail)
-        if not isinstance(self.amp, bool):
-            raise ValueError(f"RunConfig.amp must be true or false, got {self.amp!r}")
+        object.__setattr__(self, "amp", check_bool(owner, "amp", self.amp))
+        for flag in ("record_checksums", "save_params"):
+            object.__setattr__(self, flag, check_bool(owner, flag, getattr(self, flag)))
+        # last: the one check that touches the file system, once every other option is known good
+        check_out_dir(self.out, "RunConfig.out")
 
     def _check_rank(self, name: str, rank: int) -> None:
         if not 0 <= rank < self.ranks:
@@ -149,7 +179,7 @@ class RunConfig:
     def actions(self) -> frozenset:
         """Every action the scheme's plan emits over the run; which actions occur does not depend
         on the model's size, so a nominal size stands in for it."""
-        return frozenset(a for plan in self.spec.policy(4.0).plans(self.steps) for a in plan)
+        return frozenset(self.spec.policy(4.0).actions(self.steps))
 
     @property
     def use_amp(self) -> bool:
@@ -187,25 +217,26 @@ class RunConfig:
 
 
 def parser() -> argparse.ArgumentParser:
-    d = RunConfig()
-    p = argparse.ArgumentParser(description="Run a syncsim scheme for real with torch.distributed.")
+    # the defaults, read off the fields: RunConfig() itself would check the default output folder
+    d = argparse.Namespace(**{f.name: f.default for f in fields(RunConfig)})
+    p = ArgumentParser(description="Run a syncsim scheme for real with torch.distributed.")
     p.add_argument("--scheme", default=d.scheme, help='scheme spec, e.g. "allreduce:precision=fp16", '
                    '"ps:staleness=2", "localsgd:period=4,warmup_steps=2"')
-    p.add_argument("--world", type=int, default=d.world, help="worker ranks")
-    p.add_argument("--servers", type=int, default=d.servers, help="parameter-server ranks (ps schemes)")
+    p.add_argument("--world", type=integer, default=d.world, help="worker ranks")
+    p.add_argument("--servers", type=integer, default=d.servers, help="parameter-server ranks (ps schemes)")
     p.add_argument("--model", default=d.model, help=f"one of {', '.join(MODELS)}")
     p.add_argument("--data", default=d.data, help=f"one of {', '.join(DATA)}")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--steps", type=integer, default=d.steps)
+    p.add_argument("--batch-size", type=integer, default=d.batch_size)
+    p.add_argument("--lr", type=number, default=d.lr)
     p.add_argument("--backend", default=d.backend, help="gloo or nccl")
     p.add_argument("--device", default=d.device, help="cpu or cuda")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=integer, default=d.seed)
     p.add_argument("--out", default=d.out, help="output folder")
     p.add_argument("--slow", default="", help="RANK:FACTOR[,...] make a rank compute FACTOR times slower")
     p.add_argument("--fail", default="", help="RANK:STEP[:crash|hang][,...] kill (or hang) a rank at a step")
     p.add_argument("--amp", action="store_true", help="autocast forward/backward (bf16 on CPU, fp16 on CUDA)")
-    p.add_argument("--timeout", type=float, default=d.timeout, help="process-group timeout, seconds")
+    p.add_argument("--timeout", type=number, default=d.timeout, help="process-group timeout, seconds")
     p.add_argument("--record-checksums", action="store_true", help="checksum parameters after every step")
     p.add_argument("--save-params", action="store_true", help="save final parameters per worker")
     return p

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from real.heartbeat import Quiet
 from real.hooks import WIRE_DTYPES, CountingHookState, counting_hook
 from real.models import param_layers
 from real.server import Client
@@ -66,12 +67,14 @@ def checksum(model: torch.nn.Module) -> str:
 
 class Executor:
     def __init__(self, cfg, rank: int, model: torch.nn.Module, data, device: torch.device,
-                 workers_group, recorder: Recorder, progress=lambda step: None):
+                 workers_group, recorder: Recorder, heartbeat=None):
         self.cfg, self.rank, self.worker = cfg, rank, rank
         self.spec = cfg.spec
         self.model, self.data, self.device = model, data, device
         self.recorder = recorder
-        self.progress = progress
+        # beats at each step and around each wait for peers (real.heartbeat), so a watchdog can
+        # tell a hung rank from one waiting for it
+        self.heartbeat = heartbeat or Quiet()
         self.group = workers_group
         layers = param_layers(model)
         self.param_bytes = sum(layers)
@@ -90,17 +93,19 @@ class Executor:
         self.clock = 0  # completed pushes: the clock WaitForClock compares
         self.slow = cfg.slow_factor(rank)
         self.failure = cfg.failure(rank)
-        plans = self.policy.plans(cfg.steps)
-        kinds = self.policy.action_types(cfg.steps)
+        actions = self.policy.actions(cfg.steps)
+        kinds = {type(a) for a in actions}
         self._setup_amp(applies_locally=bool(kinds & {AllReduceGradients, LocalUpdate}))
         self.net: torch.nn.Module = model
         self.hook_state = None
         if AllReduceGradients in kinds:
             # the bucket cap comes from the plan's own action, whichever scheme emitted it
-            bucket = next(a for plan in plans for a in plan if isinstance(a, AllReduceGradients)).bucket_bytes
+            bucket = next(a for a in actions if isinstance(a, AllReduceGradients)).bucket_bytes
             self.net = DDP(model, process_group=self.group, bucket_cap_mb=bucket / 2**20,
                            device_ids=[device.index] if device.type == "cuda" else None)
-            self.hook_state = CountingHookState(self.group, self.spec.precision)
+            # once the last bucket is launched, backward only waits for the all-reduce
+            self.hook_state = CountingHookState(self.group, self.spec.precision,
+                                                all_launched=lambda: self.heartbeat.beat(waiting=True))
             self.net.register_comm_hook(self.hook_state, counting_hook)
         self.averager = None
         if AverageParameters in kinds:
@@ -142,7 +147,7 @@ class Executor:
         for step in range(steps):
             self.step = step
             self.step_starts.append(self.recorder.now())
-            self.progress(step)
+            self.heartbeat.beat(step)
             self._maybe_fail(step)
             plan = self.policy.plan(step, steps)
             self.reduce = next((a for a in plan if isinstance(a, AllReduceGradients)), None)
@@ -152,7 +157,8 @@ class Executor:
                 self.checksums.append(checksum(self.model))
             self.completed += 1
         if self.client is not None:
-            self.client.stop()
+            with self.heartbeat.waiting_for_peers():
+                self.client.stop()
 
     def _maybe_fail(self, step: int) -> None:
         if self.failure and step >= self.failure[0]:
@@ -178,6 +184,7 @@ class Executor:
             if self.slow > 1.0:
                 time.sleep((self.slow - 1.0) * COMPUTE_PER_FORWARD * (self.recorder.now() - start))
             (self.scaler.scale(loss) if self.scaler else loss).backward()
+        self.heartbeat.beat()  # back to own work (DDP's hook marked the wait for the all-reduce)
         self.backward_end = self.recorder.now()
         self.losses.append(loss.detach())
         # With DDP the backward also waited for the all-reduce; compute ends
@@ -219,12 +226,14 @@ class Executor:
         start = self.recorder.now()
         params = list(self.model.parameters())
         if self.wire_dtype == torch.float32:
-            self.averager.average_parameters(params)
+            with self.heartbeat.waiting_for_peers():
+                self.averager.average_parameters(params)
         else:
             # Round each replica to the wire format and sum; divide after, in
             # fp32, so small parameters do not underflow before the sum.
             flat = flat_params(self.model).to(self.wire_dtype)
-            dist.all_reduce(flat, group=self.group)
+            with self.heartbeat.waiting_for_peers():
+                dist.all_reduce(flat, group=self.group)
             self._load_flat(flat.float().div_(self.cfg.world))
         nbytes = sum(p.numel() for p in params) * torch.tensor([], dtype=self.wire_dtype).element_size()
         self.bytes_sent += nbytes
@@ -239,19 +248,22 @@ class Executor:
         start = self.recorder.now()
         grads = [p.grad.reshape(-1) for p in self.model.parameters()]
         flat = torch.cat(grads).float()
-        nbytes = self.client.push(flat.cpu(), self.step, action.aggregate)
+        with self.heartbeat.waiting_for_peers():
+            nbytes = self.client.push(flat.cpu(), self.step, action.aggregate)
         self.clock += 1
         self.bytes_sent += nbytes
         self.recorder.span(self.worker, self.step, "push", start, self.recorder.now(), nbytes)
 
     def wait(self, action: WaitForClock) -> None:
         start = self.recorder.now()
-        self.client.wait(self.step, self.clock - action.slack)
+        with self.heartbeat.waiting_for_peers():
+            self.client.wait(self.step, self.clock - action.slack)
         self.recorder.span(self.worker, self.step, "wait", start, self.recorder.now())
 
     def pull(self, action: Pull) -> None:
         start = self.recorder.now()
-        flat, nbytes = self.client.pull(self.step)
+        with self.heartbeat.waiting_for_peers():
+            flat, nbytes = self.client.pull(self.step)
         self._load_flat(flat.to(self.device))
         self.bytes_sent += nbytes
         self.recorder.span(self.worker, self.step, "pull", start, self.recorder.now(), nbytes)

@@ -38,8 +38,9 @@ _INNER = {
 class CountingHookState:
     """User knobs (group, precision) apart from per-step internal state, as torch's hook states do."""
 
-    def __init__(self, process_group, precision: str):
+    def __init__(self, process_group, precision: str, all_launched=None):
         self.process_group = process_group
+        self.all_launched = all_launched  # called once a step's last bucket is launched
         self.inner = _INNER[precision]
         self.itemsize = torch.tensor([], dtype=WIRE_DTYPES[precision]).element_size()
         self.defer = False
@@ -62,6 +63,8 @@ def counting_hook(state: CountingHookState, bucket: dist.GradBucket) -> torch.fu
     nbytes = bucket.buffer().numel() * state.itemsize
     state.bytes += nbytes
     state.buckets.append(nbytes)
+    if bucket.is_last() and state.all_launched is not None:
+        state.all_launched()
     if not state.defer:
         return state.inner(state.process_group, bucket)
     # DDP calls hooks in bucket-index order and waits for every future at the

@@ -14,24 +14,42 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
+import signal
 import sys
+import time
 import uuid
+from pathlib import Path
 
 from real.config import RunConfig
+from real.failure import fates, stand_in, summary_of
+from real.interrupt import Interrupted, ignore_signals, raise_on_signals, signal_of
+from real.lifeline import announce_parent
 from real.trace import merge, rank_dir
+from syncsim.arguments import fail
+from syncsim.files import write_atomic
+from syncsim.limits import check_memory
 
-__all__ = ["main", "launch", "start_ranks", "failure_message", "describe"]
+__all__ = ["main", "launch", "start_ranks", "finish", "describe", "RANK_BYTES"]
+
+# What one local rank holds (Python, torch, gloo, a model): more ranks than fit are refused.
+RANK_BYTES = 512 * 2**20
 
 
 def start_ranks(ranks: int, module: str, argv: list[str]) -> None:
-    """``python -m module argv`` on ``ranks`` local ranks via torch's elastic agent; raises ChildFailedError."""
+    """``python -m module argv`` on ``ranks`` local ranks via torch's elastic agent; raises ChildFailedError.
+
+    The agent polls the ranks every 0.1 s; when one fails it stops the others (SIGTERM, then SIGKILL
+    after ``shutdown_timeout``). The ranks are this process's children and die with it (real.lifeline).
+    """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # One math thread per rank unless the user says otherwise: more ranks than
     # cores already oversubscribe (torchrun sets the same default).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    announce_parent()
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=ranks,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id=str(uuid.uuid4()),
@@ -43,43 +61,42 @@ def start_ranks(ranks: int, module: str, argv: list[str]) -> None:
 
 
 def launch(cfg: RunConfig, module: str = "real.worker") -> tuple[int, str | None]:
-    """Run ``python -m module`` on cfg.ranks local ranks; (exit code, failure message or None)."""
+    """Run ``python -m module`` on cfg.ranks local ranks; (exit code, failure message or None).
+
+    A failed run ends with exit code 1; one interrupted by SIGINT or SIGTERM with 128 + the signal
+    (the agent forwards the signal to the ranks, which report what they had done). Either way
+    OUT/summary.json says ``complete: false`` and names the first cause.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    check_memory("real.run", cfg.ranks, "ranks on this machine", RANK_BYTES, "lower --world or --servers")
     shutil.rmtree(rank_dir(cfg.out), ignore_errors=True)
     try:
         start_ranks(cfg.ranks, module, cfg.to_argv())
     except ChildFailedError as err:
-        message = failure_message(cfg, err)
-        merge(cfg.out, dataclasses.asdict(cfg), complete=False, error=message)
-        return 1, message
+        exits = {rank: failure.exitcode for rank, failure in err.failures.items()}
+        return 1, finish(cfg, exits, str(err).strip().splitlines()[0] if str(err).strip() else "the ranks failed")
+    except BaseException as err:
+        signum = signal_of(err)
+        if signum is None:
+            raise
+        ignore_signals()  # a second Ctrl-C must not cut the report short
+        name = signal.Signals(signum).name
+        finish(cfg, {}, f"interrupted by {name}", interrupted=name)
+        return 128 + signum, f"interrupted by {name}: stopped the ranks"
     return 0, None
 
 
-def failure_message(cfg: RunConfig, err: Exception) -> str:
-    """Name the rank that failed first and its step, from the rank files (or torch's report)."""
-    from real.worker import Progress
-
-    reports = {}
-    for path in rank_dir(cfg.out).glob("result-rank*.json"):
-        data = json.loads(path.read_text())
-        reports[data["rank"]] = data
-    errors = sorted((r for r in reports.values() if r.get("error")), key=lambda r: r["error_time"])
-    silent = [r for r in range(cfg.ranks) if r not in reports]
-    parts = []
-    for rank in silent:
-        step = Progress.read(cfg.out, rank)
-        parts.append(f"rank {rank} stopped without a report at step {step} (hung or crashed, "
-                     f"or stopped by the launcher after another rank failed)")
-    # A rank's own error is the cause, a timeout waiting for a peer is a
-    # consequence: then the silent (hung) ranks come first.
-    if errors and "imed out" not in errors[0]["error"]:
-        parts.insert(0, errors[0]["error"])
-    elif errors:
-        parts.append(errors[0]["error"])
-    if not parts:
-        parts.append(str(err))
-    return "run failed: " + "; ".join(parts)
+def finish(cfg: RunConfig, exits: dict[int, int | None], fallback: str, interrupted: str | None = None) -> str:
+    """After a failure: write each silent rank's fate for it, merge the partial outputs, name the first cause."""
+    all_fates = fates(cfg.out, cfg.ranks, cfg.world, cfg.timeout, exits, time.time())
+    for fate in all_fates:
+        if not (rank_dir(cfg.out) / f"result-rank{fate.rank}.json").exists():
+            write_atomic(rank_dir(cfg.out) / f"result-rank{fate.rank}.json", json.dumps(stand_in(fate), indent=1))
+    message = f"interrupted by {interrupted}" if interrupted else summary_of(all_fates, fallback)
+    first = None if interrupted or not all_fates else all_fates[0].public()
+    merge(cfg.out, dataclasses.asdict(cfg), complete=False, error=message, first_failure=first)
+    return message
 
 
 def describe(summary: dict, cfg: RunConfig, where: str = "") -> str:
@@ -92,20 +109,31 @@ def describe(summary: dict, cfg: RunConfig, where: str = "") -> str:
             f"{summary['bytes_per_worker_step'] / 1e6:.3f} MB/worker/step; outputs in {cfg.out}/")
 
 
+def quiet_agent() -> None:
+    """torch's agent logs each step of stopping the ranks; this launcher reports the outcome itself."""
+    import torch.distributed.launcher.api  # noqa: F401  (creates the agent's loggers)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.launcher"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
+    raise_on_signals()  # until torch's agent installs its own handlers, and after it
     try:
         cfg = RunConfig.from_argv(argv)
+        check_memory("real.run", cfg.ranks, "ranks on this machine", RANK_BYTES, "lower --world or --servers")
     except ValueError as err:
-        print(f"real.run: error: {err}", file=sys.stderr)
-        return 2
+        return fail("real.run", err)
+    except Interrupted as err:
+        return err.exit_code
+    quiet_agent()
     code, message = launch(cfg)
-    summary_path = os.path.join(cfg.out, "summary.json")
     if code:
-        print(f"real.run: {message}", file=sys.stderr)
-        print(f"real.run: partial outputs in {cfg.out}/ (summary.json has complete=false)", file=sys.stderr)
+        print(f"real.run: {message}; partial outputs in {cfg.out}/ (summary.json has complete=false)",
+              file=sys.stderr)
         return code
-    with open(summary_path) as f:
-        summary = json.load(f)
+    summary = json.loads((Path(cfg.out) / "summary.json").read_text())
     print("real.run: " + describe(summary, cfg))
     return 0
 

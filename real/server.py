@@ -28,6 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from real.heartbeat import Quiet
 from real.trace import Recorder
 
 __all__ = ["Server", "Client", "shard_bounds"]
@@ -50,13 +51,13 @@ def shard_bounds(numel: int, servers: int) -> list[tuple[int, int]]:
 class Server:
     def __init__(self, rank: int, world: int, servers: int, flat_params: torch.Tensor, lr: float,
                  wire_dtype: torch.dtype, recorder: Recorder, slow: float = 1.0,
-                 fail_step: int | None = None, fail_mode: str = "crash", progress=lambda step: None):
+                 fail_step: int | None = None, fail_mode: str = "crash", heartbeat=None):
         self.rank, self.world, self.index = rank, world, rank - world
         start, end = shard_bounds(flat_params.numel(), servers)[self.index]
         self.shard = flat_params[start:end].clone()
         self.lr, self.wire_dtype, self.recorder = lr, wire_dtype, recorder
         self.slow, self.fail_step, self.fail_mode = slow, fail_step, fail_mode
-        self.progress = progress
+        self.heartbeat = heartbeat or Quiet()  # waits for messages are waits for peers (real.heartbeat)
         self.version = 0
         self.clocks = [0] * world
         self.read_version = [0] * world  # version each worker's last pull started at
@@ -75,13 +76,15 @@ class Server:
         payload = torch.empty(self.shard.numel(), dtype=self.wire_dtype)
         stopped = 0
         while stopped < self.world:
-            src = dist.recv(header, tag=HEADER)
+            with self.heartbeat.waiting_for_peers():
+                src = dist.recv(header, tag=HEADER)
             op, step, arg = (int(v) for v in header)
             if op == PUSH:
-                dist.recv(payload, src=src, tag=PAYLOAD)
+                with self.heartbeat.waiting_for_peers():
+                    dist.recv(payload, src=src, tag=PAYLOAD)
                 if step > self.step:
                     self.step = step
-                    self.progress(step)
+                    self.heartbeat.beat(step)
                 self.maybe_fail(step)
                 t0 = time.perf_counter()
                 self.apply(src, step, payload.float(), aggregate=bool(arg))
@@ -90,7 +93,8 @@ class Server:
                 self.wake()
             elif op == PULL:
                 self.read_version[src] = self.version
-                dist.send(self.shard.to(self.wire_dtype), dst=src, tag=REPLY)
+                with self.heartbeat.waiting_for_peers():
+                    dist.send(self.shard.to(self.wire_dtype), dst=src, tag=REPLY)
             elif op == WAIT:
                 self.waiting.append((src, arg))
                 self.wake()
@@ -130,7 +134,8 @@ class Server:
         ready = [item for item in self.waiting if slowest >= item[1]]
         self.waiting = [item for item in self.waiting if slowest < item[1]]
         for src, _ in ready:
-            dist.send(torch.tensor([self.version], dtype=torch.int64), dst=src, tag=WAKE)
+            with self.heartbeat.waiting_for_peers():
+                dist.send(torch.tensor([self.version], dtype=torch.int64), dst=src, tag=WAKE)
 
     def maybe_fail(self, step: int) -> None:
         if self.fail_step is not None and step >= self.fail_step:

@@ -9,7 +9,6 @@ per node), merges the outputs, tears the testbed down and prints the summary. ``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -73,8 +72,8 @@ def torchrun_on(bed: Testbed, module: str, argv: list[str], log_dir: str | Path,
 
 def run(bed: Testbed, cfg, timeout: float = 600.0) -> tuple[int, str | None]:
     """A real.worker run of ``cfg`` (a RunConfig) on the testbed; (exit code, failure message or None)."""
-    from real.run import failure_message
-    from real.trace import merge, rank_dir
+    from real.run import finish
+    from real.trace import rank_dir
 
     if bed.config.hosts != cfg.ranks:
         raise ValueError(f"testbed hosts ({bed.config.hosts}) must equal the run's ranks ({cfg.ranks}: "
@@ -82,9 +81,7 @@ def run(bed: Testbed, cfg, timeout: float = 600.0) -> tuple[int, str | None]:
     shutil.rmtree(rank_dir(cfg.out), ignore_errors=True)
     codes = torchrun_on(bed, "real.worker", cfg.to_argv(), Path(cfg.out) / "testbed", timeout)
     if any(codes) or not (Path(cfg.out) / "summary.json").exists():
-        cause = RuntimeError(f"torchrun nodes exited with {codes}; logs in {cfg.out}/testbed/")
-        message = failure_message(cfg, cause)
-        merge(cfg.out, dataclasses.asdict(cfg), complete=False, error=message)
+        message = finish(cfg, {}, f"torchrun nodes exited with {codes}")
         return 1, message + f" (node exit codes {codes}; logs in {cfg.out}/testbed/)"
     return 0, None
 

@@ -66,8 +66,13 @@ def _read_rows(paths: list[Path]) -> list[list[str]]:
     return rows
 
 
-def merge(out: str | Path, config: dict, complete: bool, error: str | None = None) -> dict:
-    """Merge the rank files under ``out`` and write trace.csv, updates.csv and summary.json."""
+def merge(out: str | Path, config: dict, complete: bool, error: str | None = None,
+          first_failure: dict | None = None) -> dict:
+    """Merge the rank files under ``out`` and write trace.csv, updates.csv and summary.json.
+
+    After a failure some result files are stand-ins the launcher wrote for ranks that could not
+    (``"stand_in": true``, real.failure): they count for steps done and errors, not for metrics.
+    """
     out = Path(out)
     d = rank_dir(out)
     trace = _read_rows(sorted(d.glob("trace-rank*.csv")))
@@ -78,7 +83,7 @@ def merge(out: str | Path, config: dict, complete: bool, error: str | None = Non
     workers = sorted((r for r in results if r["role"] == "worker"), key=lambda r: r["rank"])
     write_atomic(out / "trace.csv", _csv_text(TRACE_COLUMNS, [tuple(r) for r in trace]))
     write_atomic(out / "updates.csv", _csv_text(UPDATE_COLUMNS, [tuple(r) for r in updates]))
-    summary = summarise(config, workers, results, complete, error)
+    summary = summarise(config, workers, results, complete, error) | {"first_failure": first_failure}
     write_atomic(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 
@@ -88,6 +93,8 @@ def summarise(config: dict, workers: list[dict], results: list[dict], complete: 
     # starts, skipping the first two steps (allocator and DDP bucket rebuild
     # warm-up), then averaged over workers; the simulator's res.step_time is
     # likewise a steady-state mean.
+    done = {w["rank"]: w.get("steps_done", 0) for w in workers}
+    workers = [w for w in workers if not w.get("stand_in")]
     gaps = []
     for w in workers:
         starts = w.get("step_starts", [])
@@ -97,7 +104,7 @@ def summarise(config: dict, workers: list[dict], results: list[dict], complete: 
     step_time = sum(gaps) / len(gaps) if gaps else None
     losses = [w["final_loss"] for w in workers if w.get("final_loss") is not None]
     bytes_sent = {str(w["rank"]): w.get("bytes_sent", 0) for w in workers}
-    steps_done = [w.get("steps_done", 0) for w in workers]
+    steps_done = [done[rank] for rank in sorted(done)]
     failed = [r for r in results if r.get("error")]
     return {
         "scheme": config.get("scheme"), "world": config.get("world"), "servers": config.get("servers"),
@@ -112,7 +119,7 @@ def summarise(config: dict, workers: list[dict], results: list[dict], complete: 
         "steps_done": steps_done,
         "complete": bool(complete),
         "error": error,
-        "rank_errors": {str(r["rank"]): {"step": r.get("step"), "error": r["error"], "time": r.get("error_time")}
-                        for r in failed},
+        "rank_errors": {str(r["rank"]): {"step": r.get("step"), "error": r["error"], "kind": r.get("error_kind"),
+                                         "time": r.get("error_time")} for r in sorted(failed, key=lambda r: r["rank"])},
         "config": config,
     }

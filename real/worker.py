@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import signal
 import sys
 import time
+import traceback
 from datetime import timedelta
 
 import torch
@@ -23,12 +26,16 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from real.config import RunConfig
 from real.data import load
 from real.executor import Executor, flat_params
+from real.heartbeat import EXIT_STALLED, Heartbeat, limit
 from real.hooks import WIRE_DTYPES
+from real.interrupt import on_signals
+from real.lifeline import die_with_parent
 from real.models import build
 from real.server import Server
 from real.trace import Recorder, merge, rank_dir
+from syncsim.arguments import fail
 
-__all__ = ["main", "Progress"]
+__all__ = ["main"]
 
 # NCCL's algorithm names for the spec's collective algorithm (NCCL_ALGO, see
 # NCCL's environment-variable docs). gloo picks its own all-reduce algorithm;
@@ -36,31 +43,7 @@ __all__ = ["main", "Progress"]
 NCCL_ALGO = {"ring": "Ring", "tree": "Tree"}
 
 
-class Progress:
-    """The step a rank last started, kept in OUT/ranks/progress-rank<R> so that a
-    hung or killed rank's step can still be named. One 12-byte pwrite per step."""
-
-    def __init__(self, out: str, rank: int):
-        path = rank_dir(out) / f"progress-rank{rank}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-
-    def __call__(self, step: int) -> None:
-        os.pwrite(self.fd, f"{step:>11}\n".encode(), 0)
-
-    @staticmethod
-    def read(out: str, rank: int) -> int | None:
-        try:
-            return int((rank_dir(out) / f"progress-rank{rank}").read_text())
-        except (OSError, ValueError):
-            return None
-
-
-def setup(cfg: RunConfig) -> tuple[int, torch.device]:
-    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if size != cfg.ranks:
-        raise SystemExit(f"real.worker: {size} ranks were started but --world {cfg.world} --servers "
-                         f"{cfg.servers} needs {cfg.ranks} (torchrun --nproc-per-node {cfg.ranks})")
+def setup(cfg: RunConfig, rank: int) -> torch.device:
     if cfg.device == "cuda" and rank < cfg.world:  # servers keep their shards in host memory
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -76,8 +59,17 @@ def setup(cfg: RunConfig) -> tuple[int, torch.device]:
         # Parameter-server messages and the start-time broadcast are CPU
         # tensors, which NCCL does not carry: route CPU tensors over gloo.
         backend = "cpu:gloo,cuda:nccl"
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
-    return rank, device
+        # NCCL: a collective that outlives the timeout aborts the communicator and ends the process
+        # (torch's watchdog; docs: ProcessGroupNCCL, TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "tear down")
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    dist.init_process_group(backend, timeout=pg_timeout(cfg))
+    return device
+
+
+def pg_timeout(cfg: RunConfig) -> timedelta:
+    """torch's process-group timeout: it bounds setup (ranks start at different times), then backs up the
+    watchdog (real.heartbeat), which ends any run whose ranks stop making progress after --timeout."""
+    return timedelta(seconds=limit(cfg.timeout, -1, waiting=True))
 
 
 def start_time() -> float:
@@ -89,52 +81,118 @@ def start_time() -> float:
     return float(t0)
 
 
+def brief(err: BaseException, limit: int = 200) -> str:
+    """``Type: message`` on one line, without gloo's source location and advice, cut to ``limit``."""
+    text = " ".join(str(err).split())
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\] ", "", text)  # "[.../gloo/transport/tcp/pair.cc:537] "
+    text = text.split(" This is typically caused")[0]
+    text = f"{type(err).__name__}: {text}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _where(step: int) -> str:
+    return "during setup" if step < 0 else f"at step {step}"
+
+
+def _stall_message(rank: int, role: str, step: int, waiting: bool, idle: float, timeout: float) -> tuple[str, str]:
+    where, allowed = _where(step), limit(timeout, step, waiting)
+    if waiting:
+        return "waited", (f"rank {rank} ({role}) waited {idle:.1f} s for its peers {where} while no rank made "
+                          f"progress (limit {allowed:g} s: --timeout {timeout:g} + grace)")
+    return "hung", f"rank {rank} ({role}) hung {where}: no progress for {idle:.1f} s (limit {allowed:g} s, --timeout)"
+
+
 @record
-def main(argv: list[str] | None = None) -> None:
-    cfg = RunConfig.from_argv(argv)
-    rank, device = setup(cfg)
-    progress = Progress(cfg.out, rank)
-    recorder = Recorder(time.time())
-    workers = dist.new_group(list(range(cfg.world))) if cfg.servers else dist.group.WORLD
-    config = dataclasses.asdict(cfg)
-    role = "worker" if rank < cfg.world else "server"
-    actor = None
+def main(argv: list[str] | None = None) -> int:
     try:
+        cfg = RunConfig.from_argv(argv)
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError as err:
+        return fail("real.worker", err)
+    except KeyError as err:
+        return fail("real.worker", f"{err.args[0]} is not set; start ranks with torchrun or python -m real.run")
+    if size != cfg.ranks:
+        return fail("real.worker", f"{size} ranks were started but --world {cfg.world} --servers {cfg.servers} "
+                                   f"needs {cfg.ranks} (torchrun --nproc-per-node {cfg.ranks})")
+    die_with_parent()  # no rank outlives its launcher (real.lifeline)
+    role = "worker" if rank < cfg.world else "server"
+    recorder = Recorder(time.time())
+    actor = None
+
+    def report(kind: str, message: str, detail: str, step: int | None) -> None:
+        partial = actor.result() if actor is not None else {"rank": rank, "role": role}
+        partial.update(error=message, error_kind=kind, detail=detail, step=step, error_time=time.time())
+        recorder.write(cfg.out, rank, partial)
+
+    def stalled(step: int, waiting: bool, idle: float) -> None:
+        # the watchdog thread: the main thread is stuck, so report for it and end the process,
+        # which closes this rank's connections and frees the peers waiting on it
+        kind, message = _stall_message(rank, role, step, waiting, idle, cfg.timeout)
+        print(message, file=sys.stderr, flush=True)
+        report(kind, message, f"no progress for {idle:.1f} s", step)
+        os._exit(EXIT_STALLED)
+
+    def stopped(signum: int) -> None:
+        # SIGINT/SIGTERM (the launcher stopping the run, or anyone), acted on at once from a thread:
+        # the main thread may be blocked in a wait that never returns
+        name = signal.Signals(signum).name
+        report("interrupted", f"rank {rank} ({role}) was stopped by {name} {_where(heartbeat.step)}", name,
+               heartbeat.step)
+        os._exit(128 + signum)
+
+    heartbeat = Heartbeat(cfg.out, rank, cfg.ranks, cfg.timeout, on_stall=stalled)
+    on_signals(stopped)
+    try:
+        device = setup(cfg, rank)
+        with heartbeat.waiting_for_peers():
+            workers = dist.new_group(list(range(cfg.world)), timeout=pg_timeout(cfg)) if cfg.servers \
+                else dist.group.WORLD
         model = build(cfg.model, cfg.seed).to(device)
         if role == "worker":
             data = load(cfg.data, cfg.seed).to(device)
-            actor = Executor(cfg, rank, model, data, device, workers, recorder, progress)
-            recorder.t0 = start_time()
-            actor.run()
-            result = actor.result()
-            if cfg.save_params:
-                torch.save(model.state_dict(), rank_dir(cfg.out) / f"params-rank{rank}.pt")
+            with heartbeat.waiting_for_peers():  # DDP's constructor broadcasts the parameters
+                actor = Executor(cfg, rank, model, data, device, workers, recorder, heartbeat)
         else:
-            fail = cfg.failure(rank)
+            fail_at = cfg.failure(rank)
             actor = Server(rank, cfg.world, cfg.servers, flat_params(model).cpu(), cfg.lr,
                            WIRE_DTYPES[cfg.spec.precision], recorder, slow=cfg.slow_factor(rank),
-                           fail_step=fail[0] if fail else None, fail_mode=fail[1] if fail else "crash",
-                           progress=progress)
+                           fail_step=fail_at[0] if fail_at else None, fail_mode=fail_at[1] if fail_at else "crash",
+                           heartbeat=heartbeat)
+        with heartbeat.waiting_for_peers():
             recorder.t0 = start_time()
-            actor.run()
-            result = actor.result()
+        actor.run()
+        result = actor.result()
+        if role == "worker" and cfg.save_params:
+            torch.save(model.state_dict(), rank_dir(cfg.out) / f"params-rank{rank}.pt")
         recorder.write(cfg.out, rank, result | {"error": None})
-        dist.barrier()
+        with heartbeat.waiting_for_peers():
+            dist.barrier()
         if rank == 0:
-            merge(cfg.out, config, complete=True)
-        dist.destroy_process_group()
+            merge(cfg.out, dataclasses.asdict(cfg), complete=True)
+        with heartbeat.waiting_for_peers():
+            dist.destroy_process_group()
+        heartbeat.stop()
+        return 0
     except Exception as err:
-        step = getattr(actor, "step", None)
-        where = f"at step {step}" if step is not None and step >= 0 else "during setup"
-        message = f"rank {rank} ({role}) failed {where}: {type(err).__name__}: {err}"
+        heartbeat.stop()
+        step = heartbeat.step
+        # an exception out of a wait for peers comes from a peer (a closed connection, torch's
+        # timeout): a consequence; any other is this rank's own failure
+        kind = "peer" if heartbeat.waiting else "error"
+        detail = brief(err)
+        verb = "lost its peers" if kind == "peer" else "failed"
+        message = f"rank {rank} ({role}) {verb} {_where(step)}: {detail}"
         print(message, file=sys.stderr, flush=True)
-        partial = actor.result() if actor is not None else {"rank": rank, "role": role}
-        partial.update(error=message, step=step, error_time=time.time())
-        recorder.write(cfg.out, rank, partial)
-        if rank == 0:
-            merge(cfg.out, config, complete=False, error=message)
-        raise RuntimeError(message) from err
+        if kind == "error":
+            traceback.print_exc()
+        report(kind, message, detail, step)
+        return 1
 
 
 if __name__ == "__main__":
-    main()
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # After a failure gloo's threads can abort the interpreter's exit ("terminate called without an
+    # active exception"); the rank has reported, so leave without running destructors.
+    os._exit(code)

@@ -9,7 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from studies.sweep import default_jobs
-from syncsim.files import write_atomic
+from syncsim.arguments import ArgumentParser, check_count, integer
+from syncsim.files import check_out_dir, write_atomic
+from syncsim.limits import check_memory
 
 __all__ = ["write_csv", "parse_args"]
 
@@ -21,15 +23,27 @@ def write_csv(rows: Iterable[dict] | pd.DataFrame, path: Path) -> pd.DataFrame:
     return frame
 
 
+# What one worker process of a study holds (Python, NumPy, pandas, SimPy and a simulation): a --jobs
+# that many of these cannot fit in this machine's memory is refused.
+JOB_BYTES = 256 * 2**20
+
+
 def parse_args(prog: str, doc: str, default_out: str, argv: list[str] | None) -> argparse.Namespace:
-    """The options every study takes: ``--out DIR``, ``--quick``, ``--jobs N``, ``--scheduler ADDRESS``."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(default_out), help="output folder")
+    """The options every study takes: ``--out DIR``, ``--quick``, ``--jobs N``, ``--scheduler ADDRESS``.
+
+    Checked before any work: the output folder must be writable now, not after the study has run.
+    """
+    parser = ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("--out", default=default_out, help="output folder")
     parser.add_argument("--quick", action="store_true", help="a small grid for tests (seconds)")
-    parser.add_argument("--jobs", type=int, default=default_jobs(),
+    parser.add_argument("--jobs", type=integer, default=default_jobs(),
                         help="worker processes on this machine (default: every core)")
     parser.add_argument("--scheduler", help="run on a Dask cluster: its scheduler's address, tcp://HOST:8786")
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        args.out = check_out_dir(args.out)
+        check_count("--jobs", args.jobs, 1)
+        check_memory("--jobs", args.jobs, "worker processes", JOB_BYTES, "lower --jobs")
+    except ValueError as err:
+        parser.error(str(err))
     return args

@@ -2,6 +2,6 @@
 
 import sys
 
-from syncsim.cli import main
+from syncsim.arguments import main
 
 sys.exit(main())

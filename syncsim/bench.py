@@ -15,14 +15,15 @@ are measured interleaved, so their ratio is robust to machine load.
 
 from __future__ import annotations
 
-import argparse
 import gc
+import sys
 import time
 
 import numpy as np
 import simpy
 
 from syncsim import Cluster, Workload, simulate
+from syncsim.arguments import ArgumentParser
 
 REPEATS = 3  # best of three: this machine is shared and noisy
 
@@ -59,8 +60,8 @@ def bare_simpy_ceiling(workers: int, steps: int) -> float:
         gc.enable()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m syncsim.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, figures not meaningful")
     args = parser.parse_args(argv)
     scale = 16 if args.quick else 1
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
     slope = np.polyfit(x, y, 1)[0]
     print(f"[3] wall ~ (GPUs x steps)^b over {sizes[0]}..{sizes[-1]} GPUs: b = {slope:.3f} (goal <= 1.1)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -135,9 +135,10 @@ class Cluster(ConfigFile):
         object.__setattr__(self, "inter", inter)
         object.__setattr__(self, "server_link", server_link)
         if self.speed is not None:
-            # a list, a tuple or a NumPy array straight from a sweep
-            sequence = isinstance(self.speed, (Sequence, np.ndarray)) and not isinstance(self.speed, str)
-            speed = tuple(self.speed) if sequence and np.ndim(self.speed) == 1 else None
+            # a list, a tuple or a one-dimensional NumPy array straight from a sweep
+            sequence = isinstance(self.speed, Sequence) and not isinstance(self.speed, str)
+            vector = isinstance(self.speed, np.ndarray) and self.speed.ndim == 1
+            speed = tuple(self.speed) if sequence or vector else None
             if speed is None:
                 raise ValueError(f"Cluster.speed must be a sequence of per-GPU factors, got {self.speed!r}")
             if len(speed) != self.gpus:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from syncsim.units import format_size
+
 __all__ = ["MAX_GPUS", "MAX_PARAM_BYTES", "MAX_BUCKETS", "SIM_BYTES_PER_WORKER_STEP", "RUN_BYTES_PER_RANK_STEP",
            "memory_bytes", "check_memory"]
 
@@ -45,5 +47,5 @@ def check_memory(owner: str, units: int, what: str, per_unit: int, change: str) 
     need, have = units * per_unit, memory_bytes()
     if need > have:
         raise ValueError(f"{owner}: {units:,} {what} would keep about {need / 2**30:,.1f} GiB in memory "
-                         f"(~{per_unit} bytes each), more than this machine's {have / 2**30:,.1f} GiB; at most "
+                         f"(~{format_size(per_unit)} each), more than this machine's {have / 2**30:,.1f} GiB; at most "
                          f"{have // per_unit:,} fit here: {change}")

@@ -7,8 +7,12 @@ when a result is read, so recording costs little inside the event loop.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Recorder", "KINDS", "TRACE_COLUMNS", "UPDATE_COLUMNS", "COLLECTIVE_COLUMNS"]
 
@@ -86,6 +90,8 @@ class Recorder:
         return columns
 
     def trace_frame(self) -> pd.DataFrame:
+        import pandas as pd  # here, not at the top: real ranks import this module for its column names
+
         w, s, k, a, b, n = self._columns(self.trace_rows, self.trace_blocks,
                                          (np.int64, np.int64, np.int8, float, float, float))
         order = np.lexsort((k, w, a))  # by start time, then worker, then kind
@@ -94,6 +100,8 @@ class Recorder:
                              "end": b[order], "bytes": n[order]})
 
     def updates_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         w, s, r, a, t = self._columns(self.update_rows, self.update_blocks,
                                       (np.int64, np.int64, np.int64, np.int64, float))
         order = np.lexsort((w, a, t))  # in the order updates were applied

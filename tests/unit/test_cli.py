@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from syncsim.cli import main
+from syncsim.arguments import main
 
 BASE = ["--cluster", "a100-100g", "--gpus", "16", "--workload", "resnet50", "--steps", "20"]
 
