@@ -149,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         check_count("--steps", args.steps, 5)
         check_count("--repeats", args.repeats, 1, MAX_REPEATS)
         check_count("--byte-steps", args.byte_steps, 1)
-        for steps in (args.steps + 1, args.byte_steps):
-            RunConfig(world=args.world, model=args.model, data=args.data, steps=steps, batch_size=args.batch_size,
-                      lr=args.lr, seed=args.seed, out=tempfile.gettempdir())
+        for flag, steps in (("--steps", args.steps + 1), ("--byte-steps", args.byte_steps)):
+            try:
+                RunConfig(world=args.world, model=args.model, data=args.data, steps=steps, batch_size=args.batch_size,
+                          lr=args.lr, seed=args.seed, out=tempfile.gettempdir())
+            except ValueError as err:
+                raise ValueError(f"{err} (from {flag})" if "RunConfig.steps" in str(err) else str(err)) from None
         servers = max(servers for _, servers in BYTE_SCHEMES)
         check_memory("real.bench", args.world + servers, "ranks on this machine", RANK_BYTES, "lower --world")
     except ValueError as err:

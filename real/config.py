@@ -196,8 +196,8 @@ class RunConfig:
 
     # -- command line -------------------------------------------------------------
     @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> RunConfig:
-        args = vars(parser().parse_args(argv))
+    def from_argv(cls, argv: list[str] | None = None, prog: str = "python -m real.run") -> RunConfig:
+        args = vars(parser(prog).parse_args(argv))
         return cls(**args)
 
     def to_argv(self) -> list[str]:
@@ -216,10 +216,10 @@ class RunConfig:
         return argv
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "python -m real.run") -> argparse.ArgumentParser:
     # the defaults, read off the fields: RunConfig() itself would check the default output folder
     d = argparse.Namespace(**{f.name: f.default for f in fields(RunConfig)})
-    p = ArgumentParser(description="Run a syncsim scheme for real with torch.distributed.")
+    p = ArgumentParser(prog=prog, description="Run a syncsim scheme for real with torch.distributed.")
     p.add_argument("--scheme", default=d.scheme, help='scheme spec, e.g. "allreduce:precision=fp16", '
                    '"ps:staleness=2", "localsgd:period=4,warmup_steps=2"')
     p.add_argument("--world", type=integer, default=d.world, help="worker ranks")

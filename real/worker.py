@@ -105,7 +105,7 @@ def _stall_message(rank: int, role: str, step: int, waiting: bool, idle: float, 
 @record
 def main(argv: list[str] | None = None) -> int:
     try:
-        cfg = RunConfig.from_argv(argv)
+        cfg = RunConfig.from_argv(argv, prog="python -m real.worker")
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except ValueError as err:
         return fail("real.worker", err)

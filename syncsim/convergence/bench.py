@@ -14,6 +14,7 @@ from syncsim import Cluster, Link, Workload, simulate
 from syncsim.arguments import ArgumentParser, check_count, fail, integer
 from syncsim.convergence.problems import LogisticRegression
 from syncsim.convergence.replay import replay
+from syncsim.limits import SIM_BYTES_PER_WORKER_STEP, check_memory
 
 __all__ = ["bench"]
 
@@ -23,6 +24,7 @@ def bench(updates: int = 100_000, features: int = 1000, workers: int = 4, seed: 
     # `updates` pushes come from updates / workers steps per worker; jitter
     # makes the arrival order (and the staleness) irregular, as in practice.
     check_count("updates", updates, workers)  # one step per worker at least
+    check_memory("updates", updates, "simulated updates", SIM_BYTES_PER_WORKER_STEP, "lower --updates")
     # everything checked before anything runs: the problem's size, then the simulation's
     problem = LogisticRegression(features=features, samples=4096, seed=seed)
     cluster = Cluster.homogeneous(workers, Link("10Gbit/s", "5us"), servers=1, jitter=0.3)
