@@ -8,7 +8,6 @@ per node), merges the outputs, tears the testbed down and prints the summary. ``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -19,9 +18,13 @@ import time
 import uuid
 from pathlib import Path
 
+from real.agent import EXITS_ENV, read_exits
+from real.interrupt import Interrupted, raise_on_signals, signal_of
+from real.lifeline import PARENT_ENV
 from real.namespaces import HOST_IFACE, Testbed, TestbedConfig, TestbedUnavailable, unavailable
+from syncsim.arguments import ArgumentParser, fail, integer, number
 
-__all__ = ["Testbed", "TestbedConfig", "TestbedUnavailable", "unavailable", "torchrun_on", "run", "exit_on_sigterm",
+__all__ = ["Testbed", "TestbedConfig", "TestbedUnavailable", "unavailable", "torchrun_on", "run",
            "main"]
 
 # c10d's dynamic rendezvous ranks nodes by sorting their descriptors, whose first field is the address
@@ -29,40 +32,52 @@ __all__ = ["Testbed", "TestbedConfig", "TestbedUnavailable", "unavailable", "tor
 # the testbed's three-digit final octets make string order equal host order, so host i runs rank i.
 # --node-rank is ignored by every backend but "static" (torch/distributed/run.py warns so), hence not passed.
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own errors after one node failed
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when the launcher stops nodes (torch's agent: the same)
+MAX_RUN_TIMEOUT = 7 * 86400.0  # --run-timeout at most a week
 RDZV_PORT = 29400  # torchrun's default c10d port; each namespace has its own port space
 
 
 def torchrun_on(bed: Testbed, module: str, argv: list[str], log_dir: str | Path, timeout: float) -> list[int]:
-    """``torchrun -m module argv`` as one node per host (one rank each); the nodes' exit codes (124: killed)."""
+    """``torchrun -m module argv`` as one node per host (one rank each); the nodes' exit codes (124: stopped).
+
+    Each node is ``python -m real.agent``, torchrun with a lifeline: the agents die with this launcher and
+    their ranks with them (real.lifeline), and each agent records how its ranks ended in
+    ``log_dir/exits-node<i>.json`` (real.agent). An interrupt stops the nodes (SIGTERM, which the agents
+    forward to the ranks so they report) before it is raised again.
+    """
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     hosts = bed.config.hosts
     env = dict(os.environ, GLOO_SOCKET_IFNAME=HOST_IFACE)  # else gloo binds the hostname's address (127.0.0.1)
     env.setdefault("OMP_NUM_THREADS", "1")
+    env[PARENT_ENV] = str(os.getpid())  # `ip netns exec` execs the agent: this process is its parent
     run_id = uuid.uuid4().hex[:12]
     procs = []
     try:
         for i in range(hosts):
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--nproc-per-node", "1",
+            cmd = [sys.executable, "-m", "real.agent", "--nnodes", str(hosts), "--nproc-per-node", "1",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{bed.ips[0]}:{RDZV_PORT}", "--rdzv-id", run_id,
                    # is_host: node 0 serves the rendezvous store; torch's own guess compares the endpoint
                    # with the hostname's address, which here is 127.0.0.1 (c10d_rendezvous_backend.py).
                    "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'},join_timeout=60",
                    "--local-addr", bed.ips[i], "--max-restarts", "0", "--monitor-interval", "0.1",
                    "-m", module, *argv]
+            node_env = dict(env, **{EXITS_ENV: str(log_dir / f"exits-node{i}.json")})
             with open(log_dir / f"node{i}.log", "w") as log:
-                procs.append(bed.popen(i, cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+                procs.append(bed.popen(i, cmd, stdout=log, stderr=subprocess.STDOUT, env=node_env))
         deadline = time.monotonic() + timeout
         while None in [p.poll() for p in procs] and time.monotonic() < deadline:  # polls every node
             # torch's agents stop a failed node's own ranks only: a rank on another node that waits in a
-            # collective for the dead one can wait forever (seen: rank 0 stuck in DDP's backward after
-            # rank 1 raised). So, as the agent does on one node, stop every node soon after one fails.
+            # collective for the dead one waits until its watchdog gives up (real.heartbeat). So, as the
+            # agent does on one node, stop every node soon after one fails.
             if any(p.returncode for p in procs):
                 deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
             time.sleep(0.1)
-        # A node that outlives the deadline is killed (its session; its ranks, which torch's agent starts in
-        # sessions of their own, go with the namespace) and reads as 124, as with timeout(1).
-        return [p.returncode if p.poll() is not None else 124 for p in procs]
+        stopped = _stop(procs)  # the nodes still running at the deadline read as 124, as with timeout(1)
+        return [124 if i in stopped else p.returncode for i, p in enumerate(procs)]
+    except BaseException:
+        _stop(procs)  # an interrupt: let the ranks report, then pass it on
+        raise
     finally:
         for p in procs:
             if p.poll() is None:
@@ -70,8 +85,28 @@ def torchrun_on(bed: Testbed, module: str, argv: list[str], log_dir: str | Path,
                 p.wait(timeout=10)
 
 
+def _stop(procs: list[subprocess.Popen]) -> set[int]:
+    """SIGTERM to every node still running (its agent forwards it; the ranks report), SIGKILL after STOP_GRACE;
+    the indices of the nodes stopped."""
+    stopped = {i for i, p in enumerate(procs) if p.poll() is None}
+    for i in stopped:
+        os.killpg(procs[i].pid, signal.SIGTERM)
+    end = time.monotonic() + STOP_GRACE
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+    return stopped
+
+
 def run(bed: Testbed, cfg, timeout: float = 600.0) -> tuple[int, str | None]:
-    """A real.worker run of ``cfg`` (a RunConfig) on the testbed; (exit code, failure message or None)."""
+    """A real.worker run of ``cfg`` (a RunConfig) on the testbed; (exit code, failure message or None).
+
+    As real.run: 0 on success, 1 on a failure (the first cause named from the ranks' reports, the exit
+    statuses the agents recorded and the heartbeats), 128 + the signal when interrupted.
+    """
     from real.run import finish
     from real.trace import rank_dir
 
@@ -79,32 +114,37 @@ def run(bed: Testbed, cfg, timeout: float = 600.0) -> tuple[int, str | None]:
         raise ValueError(f"testbed hosts ({bed.config.hosts}) must equal the run's ranks ({cfg.ranks}: "
                          f"{cfg.world} workers + {cfg.servers} servers)")
     shutil.rmtree(rank_dir(cfg.out), ignore_errors=True)
-    codes = torchrun_on(bed, "real.worker", cfg.to_argv(), Path(cfg.out) / "testbed", timeout)
+    logs = Path(cfg.out) / "testbed"
+    for old in logs.glob("exits-node*.json"):
+        old.unlink()
+    try:
+        codes = torchrun_on(bed, "real.worker", cfg.to_argv(), logs, timeout)
+    except BaseException as err:
+        signum = signal_of(err)
+        if signum is None:
+            raise
+        name = signal.Signals(signum).name
+        finish(cfg, read_exits(logs.glob("exits-node*.json")), f"interrupted by {name}", interrupted=name)
+        return 128 + signum, f"interrupted by {name}: stopped the nodes"
     if any(codes) or not (Path(cfg.out) / "summary.json").exists():
-        message = finish(cfg, {}, f"torchrun nodes exited with {codes}")
-        return 1, message + f" (node exit codes {codes}; logs in {cfg.out}/testbed/)"
+        message = finish(cfg, read_exits(logs.glob("exits-node*.json")), f"torchrun nodes exited with {codes}")
+        return 1, message + f" (node exit codes {codes}; logs in {logs}/)"
     return 0, None
-
-
-def exit_on_sigterm() -> None:
-    # SIGTERM (timeout(1), a CI runner) kills Python without running `finally`; as SystemExit it unwinds
-    # through the Testbed's __exit__, which removes the namespaces.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def main(argv: list[str] | None = None) -> int:
     from real.config import RunConfig
 
-    exit_on_sigterm()
+    raise_on_signals()  # SIGINT/SIGTERM unwind through the Testbed's __exit__, which removes the namespaces
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, theirs = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    ap = argparse.ArgumentParser(prog="python -m real.testbed", description=__doc__.splitlines()[0],
-                                 epilog="Options after -- are real.run's (see docs/real.md).")
-    ap.add_argument("--hosts", type=int, help="hosts (default: the run's ranks, world + servers)")
+    ap = ArgumentParser(prog="python -m real.testbed", description=__doc__.splitlines()[0],
+                        epilog="Options after -- are real.run's (see docs/real.md).")
+    ap.add_argument("--hosts", type=integer, help="hosts (default: the run's ranks, world + servers)")
     ap.add_argument("--bandwidth", default="200Mbit/s", help="each link's rate, each direction")
     ap.add_argument("--queue", default="20ms", help="tbf latency: longest wait in a shaper")
     ap.add_argument("--prefix", default="sstb", help="namespace name prefix")
-    ap.add_argument("--run-timeout", type=float, default=600.0, help="seconds before the nodes are killed")
+    ap.add_argument("--run-timeout", type=number, default=600.0, help="seconds before the nodes are stopped")
     ap.add_argument("--check", action="store_true", help="measure, run and compare with syncsim (real.validate)")
     args = ap.parse_args(ours)
     if args.check:
@@ -112,22 +152,26 @@ def main(argv: list[str] | None = None) -> int:
 
         return check(["--bandwidth", args.bandwidth, "--prefix", args.prefix, *theirs])
     try:
-        cfg = RunConfig.from_argv(theirs)
+        if not 0 < args.run_timeout <= MAX_RUN_TIMEOUT:
+            raise ValueError(f"--run-timeout must be in (0, {MAX_RUN_TIMEOUT:g}] seconds, got {args.run_timeout:g}")
+        cfg = RunConfig.from_argv(theirs, prog="python -m real.testbed")
         hosts = cfg.ranks if args.hosts is None else args.hosts
         if hosts != cfg.ranks:
             raise ValueError(f"--hosts must equal the run's ranks, world + servers = {cfg.ranks}; got {hosts}")
         bed = Testbed(hosts=hosts, bandwidth=args.bandwidth, prefix=args.prefix, queue=args.queue)
     except ValueError as err:
-        print(f"real.testbed: error: {err}", file=sys.stderr)
-        return 2
+        return fail("real.testbed", err)
     try:
         with bed:
             code, message = run(bed, cfg, timeout=args.run_timeout)
     except TestbedUnavailable as err:
-        print(f"real.testbed: error: {err}", file=sys.stderr)
-        return 2
+        return fail("real.testbed", err)
+    except Interrupted as err:  # while the testbed was being built or torn down
+        print(f"real.testbed: interrupted by {err.name}; namespaces removed", file=sys.stderr)
+        return err.exit_code
     if code:
-        print(f"real.testbed: {message}", file=sys.stderr)
+        print(f"real.testbed: {message}" + ("" if code == 1 else f"; partial outputs in {cfg.out}/ "
+                                             "(summary.json has complete=false)"), file=sys.stderr)
         return code
     from real.run import describe
 

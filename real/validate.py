@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 __all__ = ["main"]
 
@@ -25,14 +24,17 @@ SCHEMES = (("allreduce", 0), ("ps", 1))  # (scheme, servers)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from real.calibrate import MAX_REPEATS
     from real.config import MODELS
+    from syncsim.arguments import ArgumentParser, check_count, fail, integer
+    from syncsim.files import check_out_dir
 
-    ap = argparse.ArgumentParser(prog="python -m real.validate", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m real.validate", description=__doc__.splitlines()[0])
     ap.add_argument("--bandwidth", default="200Mbit/s", help="each link's rate, each direction")
     ap.add_argument("--model", default="lenet", choices=MODELS)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=5, help="repeats per message size in the sweep")
+    ap.add_argument("--steps", type=integer, default=30)
+    ap.add_argument("--batch-size", type=integer, default=32)
+    ap.add_argument("--repeats", type=integer, default=5, help="repeats per message size in the sweep")
     ap.add_argument("--prefix", default="sstb", help="namespace name prefix")
     ap.add_argument("--out", default="results/testbed/check")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
@@ -45,23 +47,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from real.calibrate import link_fits, measure_compute
     from real.config import RunConfig
-    from real.testbed import Testbed, TestbedConfig, TestbedUnavailable, exit_on_sigterm, run, torchrun_on
+    from real.interrupt import Interrupted, raise_on_signals
+    from real.testbed import Testbed, TestbedConfig, TestbedUnavailable, run, torchrun_on
     from syncsim import simulate
     from syncsim.cluster import Cluster, Link
     from syncsim.files import write_atomic
 
-    exit_on_sigterm()
-    out = Path(args.out)
+    raise_on_signals()  # SIGINT/SIGTERM unwind through each Testbed's __exit__, which removes the namespaces
     try:
+        out = check_out_dir(args.out)
         configs = {scheme: RunConfig(scheme=scheme, world=2, servers=servers, model=args.model, steps=args.steps,
                                      batch_size=args.batch_size, out=str(out / scheme))
                    for scheme, servers in SCHEMES}
-        if args.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+        check_count("--repeats", args.repeats, 1, MAX_REPEATS)
         TestbedConfig(hosts=3, bandwidth=args.bandwidth, prefix=args.prefix)  # fails before anything is built
     except ValueError as err:
-        print(f"real.validate: error: {err}", file=sys.stderr)
-        return 2
+        return fail("real.validate", err)
     measured = {}
     try:
         with Testbed(hosts=2, bandwidth=args.bandwidth, prefix=args.prefix) as bed:
@@ -76,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         with Testbed(hosts=3, bandwidth=args.bandwidth, prefix=args.prefix) as bed:
             measured["ps"] = run(bed, configs["ps"], timeout=180)
     except TestbedUnavailable as err:
-        print(f"real.validate: error: {err}", file=sys.stderr)
-        return 2
+        return fail("real.validate", err)
+    except Interrupted as err:
+        print(f"real.validate: interrupted by {err.name}; namespaces removed", file=sys.stderr)
+        return err.exit_code
     for scheme, (code, message) in measured.items():
         if code:
             print(f"real.validate: {scheme}: {message}", file=sys.stderr)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+import re
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pandas as pd
 
 from studies.sweep import default_jobs
-from syncsim.arguments import ArgumentParser, check_count, integer
-from syncsim.files import check_out_dir, write_atomic
+from syncsim.arguments import ArgumentParser, check_count, fail, integer
+from syncsim.files import check_out_dir, shown, write_atomic
 from syncsim.limits import check_memory
 
-__all__ = ["write_csv", "parse_args"]
+__all__ = ["write_csv", "parse_args", "run_main"]
 
 
 def write_csv(rows: Iterable[dict] | pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -23,6 +25,8 @@ def write_csv(rows: Iterable[dict] | pd.DataFrame, path: Path) -> pd.DataFrame:
     return frame
 
 
+# [PROTOCOL://]HOST:PORT, as Dask's distributed.Client takes it
+SCHEDULER = re.compile(r"(?:[a-z]+://)?[^\s/:]+:[0-9]{1,5}", re.ASCII)
 # What one worker process of a study holds (Python, NumPy, pandas, SimPy and a simulation): a --jobs
 # that many of these cannot fit in this machine's memory is refused.
 JOB_BYTES = 256 * 2**20
@@ -44,6 +48,22 @@ def parse_args(prog: str, doc: str, default_out: str, argv: list[str] | None) ->
         args.out = check_out_dir(args.out)
         check_count("--jobs", args.jobs, 1)
         check_memory("--jobs", args.jobs, "worker processes", JOB_BYTES, "lower --jobs")
+        if args.scheduler is not None and not SCHEDULER.fullmatch(args.scheduler):
+            raise ValueError(f"--scheduler must be a Dask scheduler's address, [PROTOCOL://]HOST:PORT as in "
+                             f"tcp://HOST:8786, got {shown(args.scheduler)}")
     except ValueError as err:
         parser.error(str(err))
     return args
+
+
+def run_main(main: Callable[[], int], prog: str) -> int:
+    """A study's ``__main__``: a ValueError (bad input found once running, e.g. no Dask scheduler at the
+    address) or Ctrl-C ends in one line, not a traceback. Finished runs are kept either way (studies.sweep)."""
+    try:
+        return main()
+    except ValueError as err:
+        return fail(prog, err)
+    except KeyboardInterrupt:
+        print(f"{prog.removeprefix('python -m ')}: interrupted; finished runs are kept, a rerun resumes",
+              file=sys.stderr)
+        return 130

@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from studies import sweep
-from studies.common import parse_args, write_csv
+from studies.common import parse_args, run_main, write_csv
 from syncsim import Cluster, Workload, simulate
 from syncsim.config import check_choice, check_int
 from syncsim.convergence import Digits, replay, steps_to_target, time_to_target
@@ -162,4 +162,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m studies.precision"))

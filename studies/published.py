@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from studies import sweep
-from studies.common import parse_args, write_csv
+from studies.common import parse_args, run_main, write_csv
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.collectives import choose
 from syncsim.schemes import parse
@@ -275,4 +275,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m studies.published"))

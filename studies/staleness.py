@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from studies import sweep
-from studies.common import parse_args, write_csv
+from studies.common import parse_args, run_main, write_csv
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.config import check_float, check_int
 from syncsim.convergence import Digits, replay, steps_to_target, time_to_target
@@ -174,4 +174,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m studies.staleness"))

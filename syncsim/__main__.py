@@ -2,6 +2,6 @@
 
 import sys
 
-from syncsim.arguments import main
+from syncsim.cli import main
 
 sys.exit(main())

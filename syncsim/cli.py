@@ -19,6 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from syncsim.arguments import integer
+from syncsim.files import check_out_file
+
 __all__ = ["main"]
 
 EXAMPLES = """\
@@ -71,8 +74,8 @@ class Target:
 def _positive_int(name: str):
     def convert(text: str) -> int:
         try:
-            value = int(text)
-        except ValueError:
+            value = integer(text)  # ASCII digits only
+        except argparse.ArgumentTypeError:
             raise argparse.ArgumentTypeError(f"{name} must be a whole number >= 1, got {text!r}") from None
         if value < 1:
             raise argparse.ArgumentTypeError(f"{name} must be a whole number >= 1, got {text!r}")
@@ -120,10 +123,8 @@ def _with_servers(cluster, scheme):
 def _check_output(path: str | None, option: str) -> None:
     if path is None:
         return
-    target = Path(path)
-    if not path or target.is_dir():
-        raise BadInput(f"{option} must name a file, got {path!r}")
-    parent = target.parent if str(target.parent) else Path(".")
+    check_out_file(path, option)  # empty, a folder, or not writable: refused before any simulation
+    parent = Path(path).parent
     if not parent.is_dir():
         raise BadInput(f"{option} {path!r}: folder {str(parent)!r} does not exist")
 
@@ -211,8 +212,8 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--scheme", required=True, action="append", help="repeat for each scheme")
         p.add_argument("--steps", type=_positive_int("--steps"), default=100, help="steps per worker (100)")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--servers", type=int, help="parameter-server hosts (default: one per node)")
+        p.add_argument("--seed", type=integer, default=0)
+        p.add_argument("--servers", type=integer, help="parameter-server hosts (default: one per node)")
         p.add_argument("--target", help="replay on the digits problem to METRIC=VALUE, e.g. accuracy=0.95")
         if name == "simulate":
             p.add_argument("--trace", help="write a Perfetto / chrome://tracing timeline here")

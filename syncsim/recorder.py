@@ -109,5 +109,7 @@ class Recorder:
                              "version_applied": a[order], "staleness": (a - r)[order], "time_applied": t[order]})
 
     def collectives_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         frame = pd.DataFrame(self.collective_rows, columns=list(COLLECTIVE_COLUMNS))
         return frame.astype({"step": np.int64, "bucket": np.int64, "bytes": float, "start": float, "end": float})

@@ -129,8 +129,10 @@ def test_a_failed_node_stops_the_others_and_is_named(tmp_path):
                     fail="1:2", timeout=10)
     with Testbed(hosts=2, bandwidth="200Mbit/s", prefix=PREFIX) as bed:
         code, message = run(bed, cfg, timeout=60)
-    assert code == 1 and "rank 1 (worker) failed at step 2" in message
-    assert json.loads((tmp_path / "summary.json").read_text())["complete"] is False
+    assert code == 1 and message.startswith("run failed: rank 1 (worker) failed at step 2")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["complete"] is False
+    assert (summary["first_failure"]["rank"], summary["first_failure"]["how"]) == (1, "exception")
     assert namespaces(PREFIX) == []
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ STEPS = MEMORY // RUN_BYTES_PER_RANK_STEP
 BATCH = MEMORY // SAMPLE_BYTES
 UPDATES = MEMORY // SIM_BYTES_PER_WORKER_STEP  # one simulated update per worker-step
 FEATURES = MEMORY // (12 * (4096 + 2000))  # LogisticRegression's data: (samples + test samples) x features
+STEPS_8_GPUS = MEMORY // SIM_BYTES_PER_WORKER_STEP // 8  # the syncsim command line's default cluster size
 MODELS, DATA = ("lenet", "mlp", "mlp-large"), ("synthetic", "digits")
 BAD_SCHEMES = st.sampled_from(["", "gossip", "allreduce:", "allreduce:precision=fp16,", "ps:mode=none",
                                "ps:staleness=null", "localsgd:period=٣", "allreduce:,", "ps:staleness=2,,amp=true",
@@ -74,35 +76,46 @@ TESTBED_FLAGS = {
     "--prefix": lambda s: st.sampled_from(["", "Bad", "a-b", "x" * 13, "٣x", "1abc"]),
     "--run-timeout": lambda s: bad_real_text(0.0, 86400.0, low_open=True),
 }
-# module -> (the options it takes and their bad values, valid options to start from, the work a tripwire replaces)
+STUDY_FLAGS = {"--out": bad_dir, "--jobs": lambda s: bad_int_text(1, 90),
+               "--scheduler": lambda s: st.sampled_from(["garbage", "tcp://", "host", "tcp://host:port", ""])}
+SIMULATE = ["simulate", "--cluster", "a100-100g", "--workload", "resnet50", "--scheme", "allreduce", "--steps", "4"]
+# module -> (the options it takes and their bad values, valid options before them, valid options after
+# them, the work a tripwire replaces); studies' work is studies.sweep.run, the simulator's syncsim.engine._Run
 ENTRY_POINTS = {
-    "studies.scaling": ({"--out": bad_dir, "--jobs": lambda s: bad_int_text(1, 90)}, ["--quick"],
-                        ["studies.scaling.run_all"]),
-    "studies.staleness": ({"--out": bad_dir, "--jobs": lambda s: bad_int_text(1, 90)}, ["--quick"],
-                          ["studies.staleness.run_all"]),
-    "real.run": (RUN_FLAGS, [], ["real.run.start_ranks"]),
-    "real.worker": (RUN_FLAGS, [], ["real.worker.setup", "real.worker.die_with_parent"]),
+    **{f"studies.{name}": (STUDY_FLAGS, ["--quick"], [], ["studies.sweep.run"])
+       for name in ("scaling", "staleness", "precision", "published")},
+    "syncsim": ({"--cluster": lambda s: st.sampled_from(["tpu", "", "/no/such.toml", "a100-100G", str(s)]),
+                 "--gpus": lambda s: bad_int_text(1, 2**20), "--workload": lambda s: bad_choice_text(("resnet50",)),
+                 "--scheme": lambda s: BAD_SCHEMES, "--steps": lambda s: bad_int_text(1, STEPS_8_GPUS),
+                 "--seed": lambda s: bad_int_text(0), "--servers": lambda s: bad_int_text(0, 2**20),
+                 "--target": lambda s: st.sampled_from(["accuracy=2", "bleu=3", "accuracy", "loss=-1", "loss=nan"]),
+                 "--trace": bad_file}, SIMULATE, [], ["syncsim.engine._Run"]),
+    "real.run": (RUN_FLAGS, [], [], ["real.run.start_ranks"]),
+    "real.worker": (RUN_FLAGS, [], [], ["real.worker.setup", "real.worker.die_with_parent"]),
+    "real.agent": ({}, ["--nproc-per-node", "1"], ["-m", "real.worker"],
+                   ["torch.distributed.run.run", "real.agent.die_with_parent"]),
     "real.calibrate": ({"--model": lambda s: bad_choice_text(MODELS), "--world": lambda s: bad_int_text(1, 2**20),
                         "--servers": lambda s: bad_int_text(0, 2**20), "--batch-size": lambda s: bad_int_text(1, BATCH),
-                        "--repeats": lambda s: bad_int_text(1, 10_000), "--out": bad_file}, [],
+                        "--repeats": lambda s: bad_int_text(1, 10_000), "--out": bad_file}, [], [],
                        ["real.calibrate.measure_compute", "real.calibrate.measure_network"]),
     "real.bench": ({"--model": lambda s: bad_choice_text(MODELS), "--data": lambda s: bad_choice_text(DATA),
                     "--world": lambda s: bad_int_text(1, 2**20), "--steps": lambda s: bad_int_text(5, STEPS - 1),
                     "--batch-size": lambda s: bad_int_text(1, BATCH),
                     "--lr": lambda s: bad_real_text(0.0, low_open=True),
                     "--seed": lambda s: bad_int_text(0, 2**63 - 1), "--repeats": lambda s: bad_int_text(1, 1000),
-                    "--byte-steps": lambda s: bad_int_text(1, STEPS)}, [], ["real.bench.run_side_by_side"]),
-    "real.testbed": (TESTBED_FLAGS, [], ["real.namespaces.Testbed.__enter__"]),
+                    "--byte-steps": lambda s: bad_int_text(1, STEPS)}, [], [], ["real.bench.run_side_by_side"]),
+    "real.testbed": (TESTBED_FLAGS, [], ["--", "--world", "2"], ["real.namespaces.Testbed.__enter__"]),
     "real.validate": ({"--bandwidth": lambda s: BAD_UNITS, "--model": lambda s: bad_choice_text(MODELS),
                        "--steps": lambda s: bad_int_text(1, STEPS), "--batch-size": lambda s: bad_int_text(1, BATCH),
                        "--repeats": lambda s: bad_int_text(1, 10_000), "--out": bad_dir,
-                       "--prefix": lambda s: st.sampled_from(["", "Bad", "a-b", "x" * 13])}, [],
+                       "--prefix": lambda s: st.sampled_from(["", "Bad", "a-b", "x" * 13])}, [], [],
                       ["real.namespaces.Testbed.__enter__"]),
-    "syncsim.bench": ({}, ["--quick"], ["syncsim.engine._Run"]),
+    "syncsim.bench": ({}, ["--quick"], [], ["syncsim.engine._Run"]),
     "syncsim.convergence.bench": ({"--updates": lambda s: bad_int_text(4, UPDATES),
-                                   "--features": lambda s: bad_int_text(1, FEATURES)}, [],
+                                   "--features": lambda s: bad_int_text(1, FEATURES)}, [], [],
                                   ["syncsim.engine._Run"]),
 }
+MAINS = {"syncsim": "syncsim.cli"}  # where main() lives when it is not the module itself
 
 
 class Tripwire(Exception):
@@ -151,29 +164,25 @@ def run_main(main, argv: list[str]) -> tuple[object, str]:
 @st.composite
 def bad_command_lines(draw, module: str, scratch: Path) -> tuple[list[str], str]:
     """(argv, the option the error must name): valid options with one bad value, or an unknown or cut-off option."""
-    flags, valid, _ = ENTRY_POINTS[module]
+    flags, before, after, _ = ENTRY_POINTS[module]
     out = str(scratch / "out")
-    kind = draw(st.sampled_from(["value"] * 4 + ["unknown", "missing"]) if flags else st.just("unknown"))
-    base = list(valid)
     if "--out" in flags:
-        base += ["--out", out + (".json" if module == "real.calibrate" else "")]
+        before = [*before, "--out", out + (".json" if module == "real.calibrate" else "")]
     if module == "real.testbed":
-        tail = ["--", "--world", "2", "--out", out]
-        if kind == "value" and draw(st.booleans()):  # a bad real.run option after --
-            flag = draw(st.sampled_from(sorted(RUN_FLAGS)))
-            return [*base, "--", "--world", "2", "--out", out, flag, draw(RUN_FLAGS[flag](scratch))], flag
-        base_tail = tail
-    else:
-        base_tail = []
+        after = [*after, "--out", out]
+    kind = draw(st.sampled_from(["value"] * 4 + ["unknown", "missing"]) if flags else st.just("unknown"))
+    if kind == "value" and module == "real.testbed" and draw(st.booleans()):  # a bad real.run option after --
+        flag = draw(st.sampled_from(sorted(RUN_FLAGS)))
+        return [*before, *after, flag, draw(RUN_FLAGS[flag](scratch))], flag
     if kind == "unknown":
-        option = draw(st.sampled_from(["--bogus", "--world-size", "-x", "--Out", "--steps=٣"]))
+        option = draw(st.sampled_from(["--bogus", "--world-size", "--Out", "--steps=٣"]))
         if option == "--steps=٣" and "--steps" not in flags:
             option = "--bogus"
-        return [*base, option, *base_tail], option.split("=")[0].lstrip("-").split("-")[0] or "x"
+        return [*before, option, *after], option.split("=")[0]
     flag = draw(st.sampled_from(sorted(flags)))
-    if kind == "missing":
-        return [*base, *base_tail, flag] if not base_tail else [*base, flag], flag
-    return [*base, flag, draw(flags[flag](scratch)), *base_tail], flag
+    if kind == "missing":  # the option last, with no value
+        return ([*before, flag] if after else [*before, *after, flag]), flag
+    return [*before, flag, draw(flags[flag](scratch)), *after], flag
 
 
 def mentions(message: str, flag: str) -> bool:
@@ -191,10 +200,11 @@ def test_every_entry_point_refuses_bad_options_in_one_line_before_any_work(modul
         scratch = Path(tmp)
         (scratch / "a-file").write_text("not a folder\n")
         argv, flag = data.draw(bad_command_lines(module, scratch), label="argv")
-        with guarded(module, ENTRY_POINTS[module][2]) as main:
+        with guarded(MAINS.get(module, module), ENTRY_POINTS[module][3]) as main:
             code, err = run_main(main, argv)
         assert code == 2, (code, err)
-        assert_one_line(err, f"{module}: error: ")
+        assert_one_line(err)
+        assert re.match(rf"{re.escape(module)}( simulate)?: error: ", err), err
         assert mentions(err, flag), f"{flag} not named in {err!r}"
         # nothing written: the scratch folder holds only what the test put there
         assert sorted(p.name for p in scratch.iterdir()) == ["a-file"]
@@ -204,6 +214,10 @@ def test_every_entry_point_refuses_bad_options_in_one_line_before_any_work(modul
 SAMPLES = [
     ("studies.scaling", ["--out", ""], "--out"),
     ("studies.staleness", ["--jobs", "0"], "--jobs"),
+    ("studies.precision", ["--scheduler", "garbage"], "--scheduler"),
+    ("studies.published", ["--out", "/dev/null"], "--out"),
+    ("syncsim", ["simulate", "--cluster", "a100-100g", "--workload", "resnet50", "--scheme", "ps:mode=none"], "mode"),
+    ("real.agent", ["--bogus", "-m", "real.worker"], "--bogus"),
     ("real.run", ["--scheme", "ps:staleness=none"], "staleness"),
     ("real.worker", ["--world", FOREIGN_DIGITS[0]], "--world"),
     ("real.calibrate", ["--out", "/proc/syncsim/cal.json"], "--out"),

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from syncsim.arguments import main
+from syncsim.cli import main
 
 BASE = ["--cluster", "a100-100g", "--gpus", "16", "--workload", "resnet50", "--steps", "20"]
 
