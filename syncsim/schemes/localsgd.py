@@ -62,8 +62,8 @@ class LocalSGD(Scheme):
             return synced if self.is_sync_step(step, steps) else local
 
         def distinct(steps: int) -> tuple[int, ...]:
-            # a warm-up step, the first step after it (local unless period is 1), the
-            # first averaging step and the last step, which always averages
-            return 0, self.warmup_steps, self.warmup_steps + self.period - 1, steps - 1
+            # the three plans: a warm-up step (step 0, if any), a local step (the first after
+            # warm-up, unless period is 1) and an averaging step (the last step always is one)
+            return 0, self.warmup_steps, steps - 1
 
         return Policy(self, param_bytes, layer_tuple(param_bytes, layers), planner, distinct)

@@ -59,6 +59,8 @@ TARGETS = {
     "Cluster": (Cluster, dict(nodes=2, gpus_per_node=2, intra=LINK, inter=LINK), {
         "nodes": bad_counts(1, MAX_GPUS), "gpus_per_node": bad_counts(1, MAX_GPUS),
         "servers": bad_counts(0, MAX_GPUS), "jitter": bad_reals(0.0, 10.0),
+        "nics_per_node": bad_counts(1, MAX_GPUS), "oversubscription": bad_reals(1.0),
+        "collective_latency": bad_units(TIME, low_open=False), "chunk_bytes": bad_units(SIZE, low=1.0, low_open=False),
         "straggler_prob": bad_reals(0.0, 1.0), "straggler_slowdown": bad_reals(1.0),
         "speed": st.one_of(not_values().filter(lambda v: v is not None and not isinstance(v, list)),
                            st.lists(st.floats(0.5, 2), min_size=1, max_size=3).filter(lambda s: len(s) != 4),

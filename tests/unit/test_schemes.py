@@ -113,3 +113,13 @@ def test_16bit_precision_halves_wire_bytes(spec, param_bytes):
 def test_plan_rejects_out_of_range_step():
     with pytest.raises(ValueError, match="step"):
         AllReduce().policy(10).plan(5, 5)
+
+
+# Basis: Policy.distinct_steps promises that its few steps' plans include every distinct plan of the
+# run, which is what lets an executor set up a million-step run from a handful of plans.
+@given(specs, st.integers(1, 60))
+def test_distinct_steps_cover_every_plan_of_the_run(spec, steps):
+    policy = spec.policy(1e6, layers=[4e5, 6e5])
+    every = {policy.plan(step, steps) for step in range(steps)}
+    assert {policy.plan(step, steps) for step in policy.distinct_steps(steps)} == every
+    assert policy.actions(steps) == {action for plan in every for action in plan}
