@@ -4,10 +4,13 @@ Ranks are started by torch's elastic agent (``torch.distributed.launcher.api.
 elastic_launch``, what torchrun itself calls) on this node with a c10d
 rendezvous on a free local port, as ``torchrun --standalone`` does. The
 options are real.worker's; they are validated here first, so a bad option
-fails before any process starts. ``max_restarts=0``: when a rank fails the
-agent stops the others (SIGTERM, then SIGKILL) and raises ChildFailedError;
-then this launcher merges what the ranks wrote, marks the summary
-``complete: false`` and exits 1 naming the failing rank and its step.
+fails (exit 2, one line) before any process starts. ``max_restarts=0``: when
+a rank fails the agent stops the others (SIGTERM, then SIGKILL) and raises
+ChildFailedError; this launcher then writes, for each rank that could not
+report, how it ended, merges what the ranks wrote, marks the summary
+``complete: false`` and exits 1 naming the first cause (real.failure).
+SIGINT/SIGTERM stop the ranks the same way and exit 130/143. The ranks die
+with this process however it dies (real.lifeline).
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ world size from torchrun's environment (nanoGPT's pattern); multi-node runs
 use torchrun's own c10d rendezvous (``--nnodes``, ``--rdzv-backend c10d``,
 ``--rdzv-endpoint HOST:PORT``). Each rank writes its files under OUT/ranks/;
 after the final barrier rank 0 merges them (real.trace.merge).
+
+However a rank ends it says so: an exception, its watchdog finding it hung
+or waiting in vain (real.heartbeat) and SIGINT/SIGTERM (real.interrupt) each
+write its report, with the step, before it exits; it dies with its parent
+(real.lifeline).
 """
 
 from __future__ import annotations

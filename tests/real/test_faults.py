@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from real.config import RunConfig
+from real.faults import processes_of, wait_for_step
 from real.heartbeat import Beat
 from tests.real.conftest import ROOT, run_cli
 
@@ -34,42 +35,17 @@ STEPS = 400  # long enough that a run is still going when the test acts on it
 COMMON = ("--model", "mlp", "--batch-size", "8", "--timeout", str(TIMEOUT))
 
 
-def stray_processes(marker: str) -> list[int]:
-    """Live (not zombie) processes whose command line mentions ``marker`` (the run's unique output folder)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and int(pid) != os.getpid() and state != "Z":
-            found.append(int(pid))
-    return found
-
-
 def start(args: tuple[str, ...], out: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "real.run", *args, *COMMON, "--out", str(out)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_step(proc: subprocess.Popen, out: Path, rank: int, step: int, limit: float = 120.0) -> Beat:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        beat = Beat.read(out, rank)
-        if beat is not None and beat.step >= step:
-            return beat
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.02)
-    raise AssertionError(f"rank {rank} never reached step {step}")
-
-
 def finish(proc: subprocess.Popen, out: Path) -> tuple[float, str, dict]:
     """Wait for the launcher; (the time it ended, its stderr, summary.json)."""
     _, err = proc.communicate(timeout=180)
     ended = time.time()
-    assert stray_processes(str(out)) == [], "processes of the run outlived it"
+    assert processes_of(str(out)) == [], "processes of the run outlived it"
     return ended, err, json.loads((out / "summary.json").read_text())
 
 
@@ -158,9 +134,9 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
     killed = time.monotonic()
     proc.kill()  # SIGKILL: the launcher cannot stop anything itself
     proc.communicate(timeout=30)
-    while stray_processes(str(out)) and time.monotonic() - killed < SLACK:
+    while processes_of(str(out)) and time.monotonic() - killed < SLACK:
         time.sleep(0.05)
-    assert stray_processes(str(out)) == [], f"ranks {ranks} outlived their launcher"
+    assert processes_of(str(out)) == [], f"ranks {ranks} outlived their launcher"
     # the ranks were killed mid-run: none of them wrote a summary claiming completion
     assert not (out / "summary.json").exists()
 

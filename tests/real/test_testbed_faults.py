@@ -18,10 +18,11 @@ import time
 
 import pytest
 
+from real.faults import processes_of, wait_for_step
 from real.heartbeat import Beat
 from real.namespaces import Testbed, namespaces, unavailable
 from tests.real.conftest import ROOT
-from tests.real.test_faults import SLACK, stray_processes, wait_for_step
+from tests.real.test_faults import SLACK
 
 pytestmark = [pytest.mark.testbed, pytest.mark.distributed,
               pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
@@ -50,7 +51,7 @@ def test_a_rank_killed_on_the_testbed_is_named_and_the_others_stopped(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     first = summary["first_failure"]
     assert (first["rank"], first["how"], first["detail"]) == (1, "signal", "SIGKILL") and first["step"] >= 3
-    assert summary["complete"] is False and stray_processes(str(out)) == []
+    assert summary["complete"] is False and processes_of(str(out)) == []
     assert namespaces(PREFIX) == []
 
 
@@ -65,7 +66,7 @@ def test_an_interrupted_testbed_stops_the_nodes_keeps_the_record_and_removes_its
     assert "Traceback" not in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] is False and all(done >= 3 for done in summary["steps_done"])
-    assert stray_processes(str(out)) == [] and namespaces(PREFIX) == []
+    assert processes_of(str(out)) == [] and namespaces(PREFIX) == []
 
 
 def test_a_testbed_killed_with_sigkill_takes_its_nodes_along_and_the_next_one_cleans_up(tmp_path):
@@ -78,9 +79,9 @@ def test_a_testbed_killed_with_sigkill_takes_its_nodes_along_and_the_next_one_cl
     killed = time.monotonic()
     proc.kill()
     proc.communicate(timeout=30)
-    while stray_processes(str(out)) and time.monotonic() - killed < SLACK:
+    while processes_of(str(out)) and time.monotonic() - killed < SLACK:
         time.sleep(0.05)
-    assert stray_processes(str(out)) == [], f"agents or ranks {pids} outlived the launcher"
+    assert processes_of(str(out)) == [], f"agents or ranks {pids} outlived the launcher"
     # a SIGKILLed launcher cannot remove its namespaces; the next testbed with this prefix does
     assert set(namespaces(PREFIX)) == set(left)
     with Testbed(hosts=1, prefix=PREFIX) as bed:

@@ -25,6 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from real.config import SAMPLE_BYTES
+from real.faults import CASES as FAULT_CASES
 from syncsim.limits import RUN_BYTES_PER_RANK_STEP, SIM_BYTES_PER_WORKER_STEP, memory_bytes
 from tests.unit.bad_input import (
     FOREIGN_DIGITS,
@@ -110,6 +111,9 @@ ENTRY_POINTS = {
                        "--repeats": lambda s: bad_int_text(1, 10_000), "--out": bad_dir,
                        "--prefix": lambda s: st.sampled_from(["", "Bad", "a-b", "x" * 13])}, [], [],
                       ["real.namespaces.Testbed.__enter__"]),
+    "real.faults": ({"--timeout": lambda s: bad_real_text(1.0, 600.0),
+                     "--only": lambda s: bad_choice_text(tuple(FAULT_CASES))}, [], [],
+                    ["real.faults.measure"]),
     "syncsim.bench": ({}, ["--quick"], [], ["syncsim.engine._Run"]),
     "syncsim.convergence.bench": ({"--updates": lambda s: bad_int_text(4, UPDATES),
                                    "--features": lambda s: bad_int_text(1, FEATURES)}, [], [],
@@ -224,6 +228,7 @@ SAMPLES = [
     ("real.bench", ["--lr", "nan"], "--lr"),
     ("real.testbed", ["--run-timeout", "-1", "--", "--world", "2"], "--run-timeout"),
     ("real.validate", ["--steps", "0"], "steps"),
+    ("real.faults", ["--timeout", "0"], "--timeout"),
     ("syncsim.bench", ["--bogus"], "--bogus"),
     ("syncsim.convergence.bench", ["--updates", "-3"], "updates"),
 ]
