@@ -248,8 +248,11 @@ def _execute(args: argparse.Namespace) -> str:
     from syncsim.schemes import parse
 
     schemes = [args.scheme] if isinstance(args.scheme, str) else args.scheme
-    for text in schemes:
-        parse(text)  # every scheme checked before any simulation runs
+    for text in schemes:  # every scheme checked before any simulation runs
+        try:
+            parse(text)
+        except ValueError as err:
+            raise BadInput(f"--scheme {text!r}: {err}") from None
     if args.servers is not None and args.servers < 0:
         raise BadInput(f"--servers must be >= 0, got {args.servers}")
     if args.seed < 0:

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from real.config import SAMPLE_BYTES
 from real.faults import CASES as FAULT_CASES
+from studies.common import JOB_BYTES
 from syncsim.limits import RUN_BYTES_PER_RANK_STEP, SIM_BYTES_PER_WORKER_STEP, memory_bytes
 from tests.unit.bad_input import (
     FOREIGN_DIGITS,
@@ -43,6 +44,7 @@ STEPS = MEMORY // RUN_BYTES_PER_RANK_STEP
 BATCH = MEMORY // SAMPLE_BYTES
 UPDATES = MEMORY // SIM_BYTES_PER_WORKER_STEP  # one simulated update per worker-step
 FEATURES = MEMORY // (12 * (4096 + 2000))  # LogisticRegression's data: (samples + test samples) x features
+JOBS = MEMORY // JOB_BYTES  # a study's worker processes
 STEPS_8_GPUS = MEMORY // SIM_BYTES_PER_WORKER_STEP // 8  # the syncsim command line's default cluster size
 MODELS, DATA = ("lenet", "mlp", "mlp-large"), ("synthetic", "digits")
 BAD_SCHEMES = st.sampled_from(["", "gossip", "allreduce:", "allreduce:precision=fp16,", "ps:mode=none",
@@ -77,7 +79,7 @@ TESTBED_FLAGS = {
     "--prefix": lambda s: st.sampled_from(["", "Bad", "a-b", "x" * 13, "٣x", "1abc"]),
     "--run-timeout": lambda s: bad_real_text(0.0, 86400.0, low_open=True),
 }
-STUDY_FLAGS = {"--out": bad_dir, "--jobs": lambda s: bad_int_text(1, 90),
+STUDY_FLAGS = {"--out": bad_dir, "--jobs": lambda s: bad_int_text(1, JOBS),
                "--scheduler": lambda s: st.sampled_from(["garbage", "tcp://", "host", "tcp://host:port", ""])}
 SIMULATE = ["simulate", "--cluster", "a100-100g", "--workload", "resnet50", "--scheme", "allreduce", "--steps", "4"]
 # module -> (the options it takes and their bad values, valid options before them, valid options after
