@@ -1,9 +1,10 @@
 """Run a scheme on the emulated network: ``python -m real.testbed [--hosts N] [--bandwidth B] -- <real.run options>``.
 
 ``python -m real.testbed --hosts 3 --bandwidth 200Mbit/s -- --scheme ps --servers 1 --world 2`` builds
-the testbed (real.namespaces), starts one torchrun *node* per host (multi-node c10d rendezvous, one rank
-per node), merges the outputs, tears the testbed down and prints the summary. ``python -m real.testbed
---check`` runs the prediction check of real.validate.
+the testbed (real.namespaces), starts one torchrun *node* per host (real.agent: multi-node c10d rendezvous,
+one rank per node), merges the outputs, tears the testbed down and prints the summary. ``python -m
+real.testbed --check`` runs the prediction check of real.validate. The agents die with this launcher and
+the ranks with their agents (real.lifeline); SIGINT/SIGTERM stop the nodes and keep what was done.
 """
 
 from __future__ import annotations
