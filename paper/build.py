@@ -105,7 +105,7 @@ def scaling(results: Path) -> dict:
     rows = []
     for (cluster, workload), r in speed.iterrows():
         rows.append([f"{cluster} · {workload}"] + [num(r.get(s, math.nan), 0) for s in SCALING_COLUMNS])
-    tta = data[data["time_to_target"].notna() & (data["gpus"] == 64) & (data["workload"] == "resnet50")]
+    tta = data[data["time_to_target"].notna() & (data["gpus"] == 16) & (data["workload"] == "resnet50")]
     return {
         "gpus": str(int(data["gpus"].max())), "configs": str(len(data)),
         "table": rows, "tree_from_min": str(int(switch.min())), "tree_from_max": str(int(switch.max())),
@@ -113,7 +113,7 @@ def scaling(results: Path) -> dict:
         "ring_bert_a100": num(speed.loc[("a100-100g", "bert-large"), "allreduce:algorithm=ring"], 0),
         "auto_bert_a100": num(speed.loc[("a100-100g", "bert-large"), "allreduce"], 0),
         "fp16_bert_a100": num(speed.loc[("a100-100g", "bert-large"), "allreduce:precision=fp16"], 0),
-        "tta64": [[f"{r.cluster}", r.scheme, num(r.steps_to_target, 0), num(r.time_to_target, 2)]
+        "tta16": [[f"{r.cluster}", r.scheme, num(r.steps_to_target, 0), num(r.time_to_target, 2)]
                   for r in tta.sort_values(["cluster", "time_to_target"]).itertuples(index=False)],
     }
 
@@ -186,7 +186,7 @@ def tables(numbers: dict) -> str:
                     numbers["staleness"]["table"]),
         typst_table("precision-table", ["GPUs", "autocast compute", "fp16 wire (median)", "fp16 wire (best)"],
                     numbers["precision"]["by_gpus"]),
-        typst_table("tta-table", ["cluster", "scheme", "steps", "s to 95 %"], numbers["scaling"]["tta64"]),
+        typst_table("tta-table", ["cluster", "scheme", "steps", "s to 95 %"], numbers["scaling"]["tta16"]),
     ])
 
 

@@ -13,14 +13,15 @@ GPUs, and writes
 Parameter-server runs get one server host per worker node (at least one), on
 the cluster's inter-node link, so server capacity grows with the cluster.
 
-Time to accuracy: up to 64 GPUs each configuration is also simulated for
+Time to accuracy: up to 16 GPUs each configuration is also simulated for
 ``REPLAY_STEPS`` steps and replayed on the digits classifier
 (``syncsim.convergence.Digits``, 16 samples per worker per step, the
 staleness study's step size and momentum) until 95 % held-out accuracy;
 ``steps_to_target`` and ``time_to_target`` (simulated seconds on this
 cluster and workload) are its columns. The digits problem stands in for the
-model; beyond 64 workers a step's combined batch would be many times the
-problem's data, so those rows leave the columns empty. Results are cached
+model; replaying is the study's dearest part (its cost grows with workers ×
+steps) and a larger step's combined batch would be many times the problem's
+data, so larger configurations leave the columns empty. Results are cached
 (studies.sweep): a rerun computes only what changed.
 """
 
@@ -50,7 +51,7 @@ WORKLOADS = ("lenet", "resnet50", "vgg16", "bert-large", "gpt2")
 
 
 # The time-to-accuracy replay (see the module's docstring).
-REPLAY_MAX_GPUS = 64
+REPLAY_MAX_GPUS = 16
 REPLAY_STEPS = 200
 REPLAY_BATCH = 16
 TARGET, LR, MOMENTUM = 0.95, 0.3, 0.5
