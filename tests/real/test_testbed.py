@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from real.config import RunConfig
-from real.namespaces import NETNS_ETC, Testbed, TestbedConfig, namespaces, unavailable
-from real.testbed import run
+from real.testbed import Testbed, TestbedConfig, run, unavailable
+from real.testbed.namespaces import NETNS_ETC, namespaces
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "sstbtest"  # distinct from the CLI's default, so a test never removes a user's leftovers

@@ -20,7 +20,8 @@ import pytest
 
 from real.faults import processes_of, wait_for_step
 from real.heartbeat import Beat
-from real.namespaces import Testbed, namespaces, unavailable
+from real.testbed import Testbed, unavailable
+from real.testbed.namespaces import namespaces
 from tests.real.conftest import ROOT
 from tests.real.test_faults import SLACK
 

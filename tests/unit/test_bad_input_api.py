@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from real.config import RunConfig
-from real.namespaces import TestbedConfig
+from real.testbed import TestbedConfig
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.convergence import Digits, LogisticRegression, Quadratic, replay
 from syncsim.limits import MAX_BUCKETS, MAX_GPUS, MAX_PARAM_BYTES

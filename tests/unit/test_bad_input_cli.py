@@ -107,12 +107,13 @@ ENTRY_POINTS = {
                     "--lr": lambda s: bad_real_text(0.0, low_open=True),
                     "--seed": lambda s: bad_int_text(0, 2**63 - 1), "--repeats": lambda s: bad_int_text(1, 1000),
                     "--byte-steps": lambda s: bad_int_text(1, STEPS)}, [], [], ["real.bench.run_side_by_side"]),
-    "real.testbed": (TESTBED_FLAGS, [], ["--", "--world", "2"], ["real.namespaces.Testbed.__enter__"]),
-    "real.validate": ({"--bandwidth": lambda s: BAD_UNITS, "--model": lambda s: bad_choice_text(MODELS),
-                       "--steps": lambda s: bad_int_text(1, STEPS), "--batch-size": lambda s: bad_int_text(1, BATCH),
-                       "--repeats": lambda s: bad_int_text(1, 10_000), "--out": bad_dir,
-                       "--prefix": lambda s: st.sampled_from(["", "Bad", "a-b", "x" * 13])}, [], [],
-                      ["real.namespaces.Testbed.__enter__"]),
+    "real.testbed": (TESTBED_FLAGS, [], ["--", "--world", "2"], ["real.testbed.namespaces.Testbed.__enter__"]),
+    "studies.validation": ({"--bandwidth": lambda s: BAD_UNITS, "--model": lambda s: bad_choice_text(MODELS),
+                            "--steps": lambda s: bad_int_text(1, STEPS),
+                            "--batch-size": lambda s: bad_int_text(1, BATCH),
+                            "--repeats": lambda s: bad_int_text(1, 10_000), "--out": bad_dir,
+                            "--prefix": lambda s: st.sampled_from(["", "Bad", "a-b", "x" * 13])}, [], [],
+                           ["real.testbed.namespaces.Testbed.__enter__"]),
     "real.faults": ({"--timeout": lambda s: bad_real_text(1.0, 600.0),
                      "--only": lambda s: bad_choice_text(tuple(FAULT_CASES))}, [], [],
                     ["real.faults.measure"]),
@@ -121,7 +122,7 @@ ENTRY_POINTS = {
                                    "--features": lambda s: bad_int_text(1, FEATURES)}, [], [],
                                   ["syncsim.engine._Run"]),
 }
-MAINS = {"syncsim": "syncsim.cli"}  # where main() lives when it is not the module itself
+MAINS = {"syncsim": "syncsim.cli", "real.testbed": "real.testbed.__main__"}  # where main() lives, if not in the module
 
 
 class Tripwire(Exception):
@@ -229,7 +230,7 @@ SAMPLES = [
     ("real.calibrate", ["--out", "/proc/syncsim/cal.json"], "--out"),
     ("real.bench", ["--lr", "nan"], "--lr"),
     ("real.testbed", ["--run-timeout", "-1", "--", "--world", "2"], "--run-timeout"),
-    ("real.validate", ["--steps", "0"], "steps"),
+    ("studies.validation", ["--steps", "0"], "steps"),
     ("real.faults", ["--timeout", "0"], "--timeout"),
     ("syncsim.bench", ["--bogus"], "--bogus"),
     ("syncsim.convergence.bench", ["--updates", "-3"], "updates"),

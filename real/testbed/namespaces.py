@@ -6,7 +6,7 @@ interface ``tb0`` with address 10.213.1.(101+i)/24, the peer end of its veth pai
 the bridge. A token-bucket filter (tbf) limits both ends' egress: ``tb0`` shapes what the host sends,
 ``v<i>`` what it receives. A namespace has no route beyond its /24, so no packet can leave the testbed.
 This kernel has no netem: bandwidth is emulated, latency is not (it is whatever the veths give, tens
-of microseconds, and is measured by real.validate). ``real.testbed`` runs schemes on it.
+of microseconds, and is measured by studies.validation). real.testbed.launcher runs schemes on it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["TestbedConfig", "Testbed", "TestbedUnavailable", "unavailable", "HOS
 
 HOST_IFACE = "tb0"
 # Host i has address 10.213.1.(101+i): three-digit final octets keep string order equal to host order,
-# which is how c10d orders nodes (see real.testbed).
+# which is how c10d orders nodes (see real.testbed.launcher).
 FIRST_OCTET = 101
 # tbf burst: a bucket of b bytes lets b bytes pass at veth speed, so any transfer finishes up to b/rate
 # early; a real link serialises every frame at its rate (burst of one frame). tc-tbf(8) asks for at least

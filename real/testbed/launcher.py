@@ -1,15 +1,12 @@
-"""Run a scheme on the emulated network: ``python -m real.testbed [--hosts N] [--bandwidth B] -- <real.run options>``.
+"""Runs on the emulated network: one torchrun *node* per testbed host (multi-node c10d rendezvous, one rank each).
 
-``python -m real.testbed --hosts 3 --bandwidth 200Mbit/s -- --scheme ps --servers 1 --world 2`` builds
-the testbed (real.namespaces), starts one torchrun *node* per host (real.agent: multi-node c10d rendezvous,
-one rank per node), merges the outputs, tears the testbed down and prints the summary. ``python -m
-real.testbed --check`` runs the prediction check of real.validate. The agents die with this launcher and
-the ranks with their agents (real.lifeline); SIGINT/SIGTERM stop the nodes and keep what was done.
+``run(bed, cfg)`` carries out a real.worker run of a RunConfig on a built Testbed and merges its outputs
+as real.run does; ``torchrun_on`` starts any module that way. Each node is real.agent (torchrun with a
+lifeline): the agents die with this launcher and the ranks with their agents (real.lifeline).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -20,13 +17,11 @@ import uuid
 from pathlib import Path
 
 from real.agent import EXITS_ENV, read_exits
-from real.interrupt import Interrupted, raise_on_signals, signal_of
+from real.interrupt import signal_of
 from real.lifeline import PARENT_ENV
-from real.namespaces import HOST_IFACE, Testbed, TestbedConfig, TestbedUnavailable, unavailable
-from syncsim.arguments import ArgumentParser, fail, integer, number
+from real.testbed.namespaces import HOST_IFACE, Testbed
 
-__all__ = ["Testbed", "TestbedConfig", "TestbedUnavailable", "unavailable", "torchrun_on", "run",
-           "main"]
+__all__ = ["torchrun_on", "run"]
 
 # c10d's dynamic rendezvous ranks nodes by sorting their descriptors, whose first field is the address
 # given by --local-addr (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, sorted(participants));
@@ -131,55 +126,3 @@ def run(bed: Testbed, cfg, timeout: float = 600.0) -> tuple[int, str | None]:
         message = finish(cfg, read_exits(logs.glob("exits-node*.json")), f"torchrun nodes exited with {codes}")
         return 1, message + f" (node exit codes {codes}; logs in {logs}/)"
     return 0, None
-
-
-def main(argv: list[str] | None = None) -> int:
-    from real.config import RunConfig
-
-    raise_on_signals()  # SIGINT/SIGTERM unwind through the Testbed's __exit__, which removes the namespaces
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ours, theirs = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    ap = ArgumentParser(prog="python -m real.testbed", description=__doc__.splitlines()[0],
-                        epilog="Options after -- are real.run's (see docs/real.md).")
-    ap.add_argument("--hosts", type=integer, help="hosts (default: the run's ranks, world + servers)")
-    ap.add_argument("--bandwidth", default="200Mbit/s", help="each link's rate, each direction")
-    ap.add_argument("--queue", default="20ms", help="tbf latency: longest wait in a shaper")
-    ap.add_argument("--prefix", default="sstb", help="namespace name prefix")
-    ap.add_argument("--run-timeout", type=number, default=600.0, help="seconds before the nodes are stopped")
-    ap.add_argument("--check", action="store_true", help="measure, run and compare with syncsim (real.validate)")
-    args = ap.parse_args(ours)
-    if args.check:
-        from real.validate import main as check
-
-        return check(["--bandwidth", args.bandwidth, "--prefix", args.prefix, *theirs])
-    try:
-        if not 0 < args.run_timeout <= MAX_RUN_TIMEOUT:
-            raise ValueError(f"--run-timeout must be in (0, {MAX_RUN_TIMEOUT:g}] seconds, got {args.run_timeout:g}")
-        cfg = RunConfig.from_argv(theirs, prog="python -m real.testbed")
-        hosts = cfg.ranks if args.hosts is None else args.hosts
-        if hosts != cfg.ranks:
-            raise ValueError(f"--hosts must equal the run's ranks, world + servers = {cfg.ranks}; got {hosts}")
-        bed = Testbed(hosts=hosts, bandwidth=args.bandwidth, prefix=args.prefix, queue=args.queue)
-    except ValueError as err:
-        return fail("real.testbed", err)
-    try:
-        with bed:
-            code, message = run(bed, cfg, timeout=args.run_timeout)
-    except TestbedUnavailable as err:
-        return fail("real.testbed", err)
-    except Interrupted as err:  # while the testbed was being built or torn down
-        print(f"real.testbed: interrupted by {err.name}; namespaces removed", file=sys.stderr)
-        return err.exit_code
-    if code:
-        print(f"real.testbed: {message}" + ("" if code == 1 else f"; partial outputs in {cfg.out}/ "
-                                             "(summary.json has complete=false)"), file=sys.stderr)
-        return code
-    from real.run import describe
-
-    summary = json.loads((Path(cfg.out) / "summary.json").read_text())
-    print("real.testbed: " + describe(summary, cfg, f" on {hosts} hosts, {args.bandwidth} links"))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

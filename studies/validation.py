@@ -1,4 +1,4 @@
-"""``python -m real.validate`` (or ``python -m real.testbed --check``): syncsim's prediction against the testbed.
+"""``python -m studies.validation`` (or ``python -m real.testbed --check``): syncsim against the testbed.
 
 1. On a 2-host testbed, real.calibrate's probe (run as a 2-node torchrun) measures the compute time of
    one batch with both hosts computing and sweeps ping-pong and all-reduce over 16 KiB..4 MiB; the sweep
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from syncsim.arguments import ArgumentParser, check_count, fail, integer
     from syncsim.files import check_out_dir
 
-    ap = ArgumentParser(prog="python -m real.validate", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m studies.validation", description=__doc__.splitlines()[0])
     ap.add_argument("--bandwidth", default="200Mbit/s", help="each link's rate, each direction")
     ap.add_argument("--model", default="lenet", choices=MODELS)
     ap.add_argument("--steps", type=integer, default=30)
@@ -62,28 +62,28 @@ def main(argv: list[str] | None = None) -> int:
         check_count("--repeats", args.repeats, 1, MAX_REPEATS)
         TestbedConfig(hosts=3, bandwidth=args.bandwidth, prefix=args.prefix)  # fails before anything is built
     except ValueError as err:
-        return fail("real.validate", err)
+        return fail("studies.validation", err)
     measured = {}
     try:
         with Testbed(hosts=2, bandwidth=args.bandwidth, prefix=args.prefix) as bed:
             probe_file = out / "probe.json"
-            codes = torchrun_on(bed, "real.validate", ["--probe", str(probe_file), "--repeats", str(args.repeats),
+            codes = torchrun_on(bed, "studies.validation", ["--probe", str(probe_file), "--repeats", str(args.repeats),
                                                        "--model", args.model, "--batch-size", str(args.batch_size)],
                                 out / "probe-logs", timeout=180)
             if any(codes):
-                print(f"real.validate: probe failed ({codes}); see {out}/probe-logs/", file=sys.stderr)
+                print(f"studies.validation: probe failed ({codes}); see {out}/probe-logs/", file=sys.stderr)
                 return 1
             measured["allreduce"] = run(bed, configs["allreduce"], timeout=180)
         with Testbed(hosts=3, bandwidth=args.bandwidth, prefix=args.prefix) as bed:
             measured["ps"] = run(bed, configs["ps"], timeout=180)
     except TestbedUnavailable as err:
-        return fail("real.validate", err)
+        return fail("studies.validation", err)
     except Interrupted as err:
-        print(f"real.validate: interrupted by {err.name}; namespaces removed", file=sys.stderr)
+        print(f"studies.validation: interrupted by {err.name}; namespaces removed", file=sys.stderr)
         return err.exit_code
     for scheme, (code, message) in measured.items():
         if code:
-            print(f"real.validate: {scheme}: {message}", file=sys.stderr)
+            print(f"studies.validation: {scheme}: {message}", file=sys.stderr)
             return 1
 
     probe = json.loads(probe_file.read_text())
@@ -111,17 +111,17 @@ def main(argv: list[str] | None = None) -> int:
               "param_bytes": workload.param_bytes, "model": args.model, "batch_size": args.batch_size,
               "steps": args.steps, "rows": rows}
     write_atomic(out / "check.json", json.dumps(result, indent=1))
-    print(f"real.validate: {args.model}, batch {args.batch_size}, {workload.param_bytes / 1e6:.2f} MB of "
+    print(f"studies.validation: {args.model}, batch {args.batch_size}, {workload.param_bytes / 1e6:.2f} MB of "
           f"parameters, compute {workload.compute_time * 1e3:.2f} ms per step with 2 hosts computing")
     for name, fit in fits.items():
-        print(f"real.validate: {name:9s} fit: B {fit['bandwidth'] / 1e6:6.2f} MB/s "
+        print(f"studies.validation: {name:9s} fit: B {fit['bandwidth'] / 1e6:6.2f} MB/s "
               f"({fit['bandwidth'] / nominal:.0%} of the {nominal / 1e6:.1f} MB/s link), "
               f"alpha {fit['alpha'] * 1e6:7.1f} us, R² {fit['r2']:.4f}")
     print(f"{'scheme':10s} {'hosts':>5s} {'predicted ms':>13s} {'measured ms':>12s} {'ratio':>6s}")
     for r in rows:
         print(f"{r['scheme']:10s} {r['hosts']:5d} {r['predicted'] * 1e3:13.1f} {r['measured'] * 1e3:12.1f} "
               f"{r['ratio']:6.2f}")
-    print(f"real.validate: wrote {out}/check.json")
+    print(f"studies.validation: wrote {out}/check.json")
     return 0
 
 
