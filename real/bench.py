@@ -37,13 +37,19 @@ BYTE_SCHEMES = (
 )
 
 
-def _steady(starts: list[float]) -> float:
-    skip = 2  # the same steady-state window as real.trace.summarise
-    return (starts[-1] - starts[skip]) / (len(starts) - 1 - skip)
+def step_time(rows: list[tuple], batch_size: int) -> float:
+    """Steady-state step time of trace rows from every rank, by the definition of syncsim.metrics."""
+    import pandas as pd
+
+    from syncsim.metrics import steady_state
+    from syncsim.recorder import TRACE_COLUMNS, UPDATE_COLUMNS
+
+    trace = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+    return steady_state(trace, pd.DataFrame(columns=list(UPDATE_COLUMNS)), batch_size).step_time
 
 
-def plain_loop(model, data, steps: int, batch_size: int, lr: float) -> float:
-    """The reference: the DDP training loop of torch's DDP tutorial, nothing added."""
+def plain_loop(model, data, steps: int, batch_size: int, lr: float) -> list[tuple]:
+    """The reference: the DDP training loop of torch's DDP tutorial, nothing added but one trace row per step."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -52,16 +58,16 @@ def plain_loop(model, data, steps: int, batch_size: int, lr: float) -> float:
     rank, world = dist.get_rank(), dist.get_world_size()
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
-    starts = []
-    for step in range(steps + 1):  # one more start closes the last step, as the executor's next step would
-        starts.append(time.time())
-        if step == steps:
-            break
+    rows = []
+    t0 = time.time()
+    for step in range(steps):
+        start = time.time() - t0
         x, y = data.batch(rank, step, world, batch_size)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
-    return _steady(starts)
+        rows.append((rank, step, "compute", start, time.time() - t0, 0))
+    return rows
 
 
 def side_by_side(args: argparse.Namespace) -> None:
@@ -78,10 +84,10 @@ def side_by_side(args: argparse.Namespace) -> None:
     die_with_parent()  # a benchmark rank ends with its launcher (real.lifeline)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = RunConfig(scheme="allreduce", world=world, model=args.model, data=args.data, steps=args.steps + 1,
+    cfg = RunConfig(scheme="allreduce", world=world, model=args.model, data=args.data, steps=args.steps,
                     batch_size=args.batch_size, lr=args.lr, seed=args.seed)
     data = load(args.data, args.seed)
-    times = {"executor": [], "plain": []}
+    rows = {"executor": [], "plain": []}  # this rank's trace rows, per repeat
     for repeat in range(args.repeats):
         order = ("executor", "plain") if repeat % 2 == 0 else ("plain", "executor")  # neither always goes first
         for which in order:
@@ -89,15 +95,16 @@ def side_by_side(args: argparse.Namespace) -> None:
                 ex = Executor(cfg, rank, build(args.model, args.seed), data, torch.device("cpu"), dist.group.WORLD,
                               Recorder(time.time()))
                 ex.run()
-                times["executor"].append(_steady(ex.step_starts))
+                rows["executor"].append(ex.recorder.trace)
             else:
-                times["plain"].append(plain_loop(build(args.model, args.seed), data, args.steps,
-                                                 args.batch_size, args.lr))
+                rows["plain"].append(plain_loop(build(args.model, args.seed), data, args.steps,
+                                                args.batch_size, args.lr))
     gathered = [None] * world
-    dist.all_gather_object(gathered, times)
+    dist.all_gather_object(gathered, rows)
     if rank == 0:
-        mean = {k: [sum(g[k][i] for g in gathered) / world for i in range(args.repeats)] for k in times}
-        Path(args.side_by_side).write_text(json.dumps(mean))
+        times = {k: [step_time([row for g in gathered for row in g[k][i]], args.batch_size)
+                     for i in range(args.repeats)] for k in rows}
+        Path(args.side_by_side).write_text(json.dumps(times))
     dist.destroy_process_group()
 
 

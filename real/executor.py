@@ -85,7 +85,6 @@ class Executor:
         self.version = 0
         self.pending_local: list[int] = []
         self.losses: list[torch.Tensor] = []
-        self.step_starts: list[float] = []
         self.checksums: list[str] = []
         self.step = -1
         self.buckets: list[int] = []  # the last all-reduce's bucket sizes (DDP rebuilds them after step 0)
@@ -146,7 +145,6 @@ class Executor:
         steps = self.cfg.steps
         for step in range(steps):
             self.step = step
-            self.step_starts.append(self.recorder.now())
             self.heartbeat.beat(step)
             self._maybe_fail(step)
             plan = self.policy.plan(step, steps)
@@ -279,7 +277,7 @@ class Executor:
     def result(self) -> dict:
         return {
             "rank": self.rank, "role": "worker", "steps_done": self.completed,
-            "step_starts": self.step_starts, "bytes_sent": self.bytes_sent,
+            "bytes_sent": self.bytes_sent,
             "final_loss": float(self.losses[-1]) if self.losses else None,
             "losses": [float(v) for v in self.losses],
             "checksum": checksum(self.model), "checksums": self.checksums, "buckets": self.buckets,

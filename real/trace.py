@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from syncsim.files import write_atomic
+from syncsim.metrics import steady_state
 from syncsim.recorder import TRACE_COLUMNS, UPDATE_COLUMNS  # the simulator's schema, column for column
 
 __all__ = ["Recorder", "TRACE_COLUMNS", "UPDATE_COLUMNS", "write_atomic", "merge", "rank_dir"]
@@ -83,25 +87,21 @@ def merge(out: str | Path, config: dict, complete: bool, error: str | None = Non
     workers = sorted((r for r in results if r["role"] == "worker"), key=lambda r: r["rank"])
     write_atomic(out / "trace.csv", _csv_text(TRACE_COLUMNS, [tuple(r) for r in trace]))
     write_atomic(out / "updates.csv", _csv_text(UPDATE_COLUMNS, [tuple(r) for r in updates]))
-    summary = summarise(config, workers, results, complete, error) | {"first_failure": first_failure}
+    # The figures come from the files just written, read back as a user would read them.
+    summary = summarise(config, workers, results, complete, error, pd.read_csv(out / "trace.csv"),
+                        pd.read_csv(out / "updates.csv")) | {"first_failure": first_failure}
     write_atomic(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 
 
-def summarise(config: dict, workers: list[dict], results: list[dict], complete: bool, error: str | None) -> dict:
-    # Steady-state step time: mean gap between a worker's successive step
-    # starts, skipping the first two steps (allocator and DDP bucket rebuild
-    # warm-up), then averaged over workers; the simulator's res.step_time is
-    # likewise a steady-state mean.
+def summarise(config: dict, workers: list[dict], results: list[dict], complete: bool, error: str | None,
+              trace: pd.DataFrame, updates: pd.DataFrame) -> dict:
+    # Steady-state figures by the simulator's own definition (syncsim.metrics), from the merged tables.
     done = {w["rank"]: w.get("steps_done", 0) for w in workers}
     workers = [w for w in workers if not w.get("stand_in")]
-    gaps = []
-    for w in workers:
-        starts = w.get("step_starts", [])
-        skip = 2 if len(starts) > 4 else 0
-        if len(starts) - skip >= 2:
-            gaps.append((starts[-1] - starts[skip]) / (len(starts) - 1 - skip))
-    step_time = sum(gaps) / len(gaps) if gaps else None
+    steady = steady_state(trace, updates, config["batch_size"], steps=config["steps"],
+                          workers=config["world"]) if len(trace) else None
+    step_time = steady.step_time if steady is not None and math.isfinite(steady.step_time) else None
     losses = [w["final_loss"] for w in workers if w.get("final_loss") is not None]
     bytes_sent = {str(w["rank"]): w.get("bytes_sent", 0) for w in workers}
     steps_done = [done[rank] for rank in sorted(done)]
@@ -110,7 +110,11 @@ def summarise(config: dict, workers: list[dict], results: list[dict], complete: 
         "scheme": config.get("scheme"), "world": config.get("world"), "servers": config.get("servers"),
         "model": config.get("model"), "steps": config.get("steps"), "batch_size": config.get("batch_size"),
         "step_time": step_time,
-        "throughput": None if not step_time else config["world"] * config["batch_size"] / step_time,
+        "throughput": None if step_time is None else steady.throughput,
+        "worker_step_times": None if steady is None else [None if not math.isfinite(t) else float(t)
+                                                          for t in steady.worker_step_times],
+        "staleness_mean": None if steady is None else steady.staleness_mean,
+        "staleness_max": None if steady is None else steady.staleness_max,
         "final_loss": sum(losses) / len(losses) if losses else None,
         "bytes_sent": bytes_sent,
         "bytes_per_worker_step": (sum(w.get("bytes_sent", 0) / max(1, w.get("steps_done", 0)) for w in workers)

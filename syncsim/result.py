@@ -12,6 +12,7 @@ import pandas as pd
 
 from syncsim.cluster import Cluster
 from syncsim.files import write_atomic
+from syncsim.metrics import SteadyState, steady_state
 from syncsim.recorder import Recorder
 from syncsim.schemes import Scheme
 from syncsim.workload import Workload
@@ -32,7 +33,8 @@ class SimResult:
     steps: int
     seed: int
     step_end: np.ndarray = field(repr=False)
-    """Simulated time at which each (step, worker) finished, shape (steps, workers)."""
+    """Simulated time at which each (step, worker) finished, shape (steps, workers): the engine's own
+    record, equal to the step boundaries the trace shows (syncsim.metrics.step_ends)."""
     recorder: Recorder = field(repr=False)
     wall_time: float = 0.0
     """Seconds of real time the simulation took."""
@@ -43,28 +45,31 @@ class SimResult:
     def workers(self) -> int:
         return self.cluster.gpus
 
+    @cached_property
+    def steady(self) -> SteadyState:
+        """Steady-state figures from the trace and updates, by the definition real runs use too (syncsim.metrics)."""
+        return steady_state(self.trace, self.updates, self.workload.batch_size, steps=self.steps,
+                            workers=self.workers)
+
     @property
     def warmup_steps(self) -> int:
-        """Steps left out of the steady state: the first tenth of the run."""
-        return self.steps // 10
+        """Steps left out of the steady state: the first tenth of the run, at least one."""
+        return self.steady.warmup
 
-    @cached_property
+    @property
     def worker_step_times(self) -> np.ndarray:
-        """Each worker's mean seconds per step over the steady state."""
-        end, warm = self.step_end, self.warmup_steps
-        if warm == 0:
-            return end[-1] / self.steps
-        return (end[-1] - end[warm - 1]) / (self.steps - warm)
+        """Each worker's mean seconds per step over the steady state (gaps between its step ends)."""
+        return self.steady.worker_step_times
 
     @property
     def step_time(self) -> float:
         """Mean seconds per step in steady state (harmonic over workers, so throughput = W·batch/step_time)."""
-        return float(self.workers / np.sum(1.0 / self.worker_step_times))
+        return self.steady.step_time
 
     @property
     def throughput(self) -> float:
         """Samples per second, whole cluster, steady state."""
-        return float(self.workload.batch_size * np.sum(1.0 / self.worker_step_times))
+        return self.steady.throughput
 
     @property
     def makespan(self) -> float:
@@ -74,7 +79,7 @@ class SimResult:
     @property
     def speedup(self) -> float:
         """Throughput relative to plain training of the same workload on one nominal GPU."""
-        return self.throughput / single_gpu_throughput(self.workload)
+        return self.steady.speedup(single_gpu_throughput(self.workload))
 
     @property
     def efficiency(self) -> float:
@@ -98,7 +103,6 @@ class SimResult:
 
     def summary(self) -> dict:
         """One tidy row: the configuration and the headline figures."""
-        updates = self.updates
         return {
             "scheme": str(self.scheme), "scheme_name": self.scheme.name, **{
                 f"scheme.{k}": v for k, v in self.scheme.fields().items()},
@@ -110,8 +114,7 @@ class SimResult:
             "straggler_slowdown": self.cluster.straggler_slowdown, "steps": self.steps, "seed": self.seed,
             "step_time": self.step_time, "throughput": self.throughput, "speedup": self.speedup,
             "efficiency": self.efficiency,
-            "mean_staleness": float(updates["staleness"].mean()) if len(updates) else 0.0,
-            "max_staleness": int(updates["staleness"].max()) if len(updates) else 0,
+            "mean_staleness": self.steady.staleness_mean, "max_staleness": self.steady.staleness_max,
             "algorithms": self.algorithms,
             "wall_time": self.wall_time,
         }

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
+from syncsim.metrics import step_ends
 from syncsim.result import single_gpu_throughput
 from syncsim.schemes import parse
 
@@ -58,6 +59,9 @@ def test_random_configs_keep_invariants(config):
     assert (updates["staleness"] >= 0).all()
     assert (np.diff(updates["version_applied"].to_numpy()) >= 0).all()
     assert len(updates) == steps * cluster.gpus
+    # the trace carries every step's boundary: the engine's own record of step ends is the latest end
+    # among each (worker, step)'s rows, which is what the steady-state figures are computed from
+    np.testing.assert_array_equal(step_ends(trace, cluster.gpus, steps), res.step_end)
     assert not updates.duplicated(["worker", "step"]).any()
     # synchronous schemes and local SGD (whose local steps land in the version they started from)
     if res.scheme.name in ("allreduce", "localsgd") or getattr(res.scheme, "mode", None) == "sync":
