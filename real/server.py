@@ -7,9 +7,10 @@ and a clock table (completed pushes per worker). Workers talk to every server
 with a 3-int header on tag HEADER followed, for a push, by the gradient shard
 in the wire precision on tag PAYLOAD; a server answers a pull with its shard
 on tag REPLY and a satisfied clock wait with one int on tag WAKE. Messages
-between one pair of ranks on one tag arrive in order (gloo pairs are ordered
-TCP streams), and a server takes headers from any source (``dist.recv`` with
-no ``src``), so it serves workers in arrival order.
+between one pair of ranks arrive in order (gloo pairs are ordered TCP
+streams). A server reads each worker's messages in a thread of its own, so
+transfers to and from different workers run side by side and share the
+server's link (see Server.run), and applies pushes as their payloads arrive.
 
 Semantics are syncsim.schemes.actions': each worker's gradient is weighed by
 1/W; ``aggregate`` pushes are applied W at a time as one version, the others
@@ -23,6 +24,8 @@ interleave differently on each shard; the first shard's order is reported.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 
 import torch
@@ -66,42 +69,76 @@ class Server:
         self.waiting: list[tuple[int, int]] = []
         self.step = -1  # the latest push's step, for failure messages
         self.pushes = 0
+        self.lock = threading.Lock()
 
     @property
     def logs_updates(self) -> bool:
         return self.index == 0
 
     def run(self) -> None:
-        header = torch.zeros(3, dtype=torch.int64)
-        payload = torch.empty(self.shard.numel(), dtype=self.wire_dtype)
-        stopped = 0
-        while stopped < self.world:
-            with self.heartbeat.waiting_for_peers():
-                src = dist.recv(header, tag=HEADER)
-            op, step, arg = (int(v) for v in header)
-            if op == PUSH:
+        # Concurrent flows, as on a real server's NIC, with every receive posted before its message
+        # comes. gloo sends a message's bytes only after the receiver has told the sender its receive
+        # is posted; a receive posted in advance has told it already, while one from any source is
+        # matched, and answered, only when a message announces itself: a round trip through queues
+        # that a loaded link fills (tens of milliseconds behind a 20 ms tbf queue). So each worker's
+        # connection has a thread of its own, which keeps that worker's next header and next payload
+        # receives posted: pushes of several workers stream in side by side, a pull is answered while
+        # another worker's payload still arrives, and replies leave side by side. (A single loop that
+        # read headers from any source and waited for each payload and reply served one transfer at
+        # a time: on the testbed an asynchronous worker's pull queued behind the other's push.) The
+        # parameters, version, clocks and waiting list are touched under the lock only.
+        finished: queue.Queue = queue.Queue()
+        for worker in range(self.world):
+            threading.Thread(target=self._serve, args=(worker, finished), daemon=True,
+                             name=f"server{self.rank}-worker{worker}").start()
+        for _ in range(self.world):  # each connection ends with its worker's STOP, or with an error
+            error = finished.get()
+            if error is not None:
+                raise error
+
+    def _serve(self, worker: int, finished: queue.Queue) -> None:
+        error = None
+        try:
+            header = torch.zeros(3, dtype=torch.int64)
+            payload = torch.empty(self.shard.numel(), dtype=self.wire_dtype)
+            incoming = dist.irecv(payload, src=worker, tag=PAYLOAD)  # dropped with the process group at the end
+            while True:
                 with self.heartbeat.waiting_for_peers():
-                    dist.recv(payload, src=src, tag=PAYLOAD)
-                if step > self.step:
-                    self.step = step
-                    self.heartbeat.beat(step)
-                self.maybe_fail(step)
-                t0 = time.perf_counter()
-                self.apply(src, step, payload.float(), aggregate=bool(arg))
-                if self.slow > 1.0:
-                    time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
-                self.wake()
-            elif op == PULL:
-                self.read_version[src] = self.version
-                with self.heartbeat.waiting_for_peers():
-                    dist.send(self.shard.to(self.wire_dtype), dst=src, tag=REPLY)
-            elif op == WAIT:
-                self.waiting.append((src, arg))
-                self.wake()
-            elif op == STOP:
-                stopped += 1
-            else:
-                raise RuntimeError(f"server rank {self.rank}: unknown message {op} from rank {src}")
+                    dist.recv(header, src=worker, tag=HEADER)
+                op, step, arg = (int(v) for v in header)
+                if op == PUSH:
+                    with self.heartbeat.waiting_for_peers():
+                        incoming.wait()
+                    grad = payload.to(torch.float32, copy=True)
+                    incoming = dist.irecv(payload, src=worker, tag=PAYLOAD)
+                    with self.lock:
+                        if step > self.step:
+                            self.step = step
+                            self.heartbeat.beat(step)
+                        self.maybe_fail(step)
+                        t0 = time.perf_counter()
+                        self.apply(worker, step, grad, aggregate=bool(arg))
+                        if self.slow > 1.0:
+                            time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
+                        self.wake()
+                elif op == PULL:
+                    with self.lock:
+                        self.read_version[worker] = self.version
+                        reply = self.shard.to(self.wire_dtype, copy=True)  # this version, whatever comes next
+                    with self.heartbeat.waiting_for_peers():
+                        dist.send(reply, dst=worker, tag=REPLY)
+                elif op == WAIT:
+                    with self.lock:
+                        self.waiting.append((worker, arg))
+                        self.wake()
+                elif op == STOP:
+                    return
+                else:
+                    raise RuntimeError(f"server rank {self.rank}: unknown message {op} from rank {worker}")
+        except BaseException as err:  # handed to run(), which raises it in the main thread
+            error = err
+        finally:
+            finished.put(error)
 
     def result(self) -> dict:
         return {"rank": self.rank, "role": "server", "pushes": self.pushes, "version": self.version,
