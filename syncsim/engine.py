@@ -163,13 +163,17 @@ class _Run:
 
     def _wait(self, w: int, step: int, action: WaitForClock, pending: list):
         yield from self._settle(w, step, pending)
-        # Recorded even when it takes no time: the trace lists every action the
-        # plan carried out, so it compares action by action with real runs.
-        waiter = self.servers.wait(w, action.slack)  # type: ignore[union-attr]
+        # A clock wait is a request to the servers and their answer, a message each way: it ends one
+        # latency after the slowest worker's clock allows it, and never before a round trip. The
+        # latency is owed, like a pull's (see worker()). Recorded even when it takes no time, so
+        # the trace compares action by action with real runs.
+        servers = self.servers
+        waiter = servers.wait(w, action.slack)  # type: ignore[union-attr]
         start = self.env.now
         if waiter is not None:
             yield waiter
-        self.recorder.event(w, step, _WAIT, start, self.env.now, 0.0)
+        pending[3] = servers.latency * (1 if waiter is not None else 2)  # type: ignore[union-attr]
+        self.recorder.event(w, step, _WAIT, start, self.env.now + pending[3], 0.0)
 
     def _pull(self, w: int, step: int, action: Pull, pending: list):
         if pending[2] or pending[3]:
@@ -177,7 +181,8 @@ class _Run:
         servers = self.servers
         start, version = self.env.now, self.state.version
         yield servers.pull(action.nbytes)  # type: ignore[union-attr]
-        pending[3] = servers.latency  # type: ignore[union-attr]
+        # A pull is a request and a reply: two latencies besides the reply's bytes, both owed.
+        pending[3] = 2 * servers.latency  # type: ignore[union-attr]
         self.recorder.event(w, step, _PULL, start, self.env.now + pending[3], action.nbytes)
         self.state.read[w] = version
 
