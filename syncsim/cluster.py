@@ -54,27 +54,33 @@ class Link:
 
     bandwidth: float | str
     latency: float | str = 0.0
+    burst: float | str = 0.0
+    """Bytes a rate-limited link lets through at once after an idle spell, before its rate applies:
+    the bucket of a token-bucket shaper (tc-tbf's ``burst``; a cloud NIC's burst allowance), refilled
+    at the link's rate while it is idle. 0 (a plain link): every byte is serialised at the rate."""
 
     def __post_init__(self) -> None:
         bandwidth = parse_bandwidth(self.bandwidth, "Link.bandwidth")
         latency = parse_time(self.latency, "Link.latency")
         object.__setattr__(self, "bandwidth", check_positive("Link", "bandwidth", bandwidth))
         object.__setattr__(self, "latency", check_float("Link", "latency", latency, low=0.0))
+        burst = parse_size(self.burst, "Link.burst")
+        object.__setattr__(self, "burst", check_float("Link", "burst", burst, low=0.0))
 
     def transfer_time(self, nbytes: float) -> float:
-        """alpha + n/B: the time to send one message of ``nbytes`` over an idle link."""
-        return self.latency + nbytes / self.bandwidth  # type: ignore[operator]
+        """alpha + max(0, n - burst)/B: the time to send one message of ``nbytes`` over a long-idle link."""
+        return self.latency + max(0.0, nbytes - self.burst) / self.bandwidth  # type: ignore[operator]
 
 
 def _as_link(owner: str, name: str, value: object) -> Link | None:
     if value is None or isinstance(value, Link):
         return value
     if isinstance(value, dict):
-        unknown = set(value) - {"bandwidth", "latency"}
+        unknown = set(value) - {"bandwidth", "latency", "burst"}
         if unknown or "bandwidth" not in value:
-            raise ValueError(f"{owner}.{name} takes bandwidth (required) and latency; got keys {sorted(value)}")
+            raise ValueError(f"{owner}.{name} takes bandwidth (required), latency and burst; got keys {sorted(value)}")
         return Link(**value)
-    raise ValueError(f"{owner}.{name} must be a Link (or a dict with bandwidth, latency), got {value!r}")
+    raise ValueError(f"{owner}.{name} must be a Link (or a dict with bandwidth, latency, burst), got {value!r}")
 
 
 @dataclass(frozen=True)

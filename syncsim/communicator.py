@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from syncsim.cluster import Cluster
-from syncsim.collectives import choose
+from syncsim.cluster import Cluster, Link
+from syncsim.collectives import allreduce_time, choose
 from syncsim.network import triggered
 from syncsim.recorder import KIND_CODE, Recorder
 
@@ -57,7 +57,22 @@ class Communicator:
         self.free_at = 0.0          # when the communicator's previous collective finished
         self._pending: _Pending | None = None
         self._cost: dict[tuple[str, float], tuple[str, float]] = {}
+        self._wire: dict[tuple[str, float], float] = {}
         self._all = np.arange(self.workers)
+        # Links with a burst (token-bucket shapers) pass that many bytes at once after an idle spell:
+        # a collective's transmission time shrinks by the tokens its slowest link gathered since the
+        # previous collective, refilled at that link's rate. Every worker's link idles and refills
+        # alike, so one bucket stands for all of them.
+        links = [link for link in (cluster.intra if cluster.gpus_per_node > 1 else None,
+                                   cluster.inter if cluster.nodes > 1 else None) if link is not None]
+        slowest = min(links, key=lambda link: link.bandwidth) if links else None  # type: ignore[arg-type,return-value]
+        self.burst = float(slowest.burst) if slowest is not None else 0.0  # type: ignore[arg-type]
+        self.refill = float(slowest.bandwidth) if slowest is not None else 0.0  # type: ignore[arg-type]
+        self.tokens = self.burst
+        if self.burst:
+            wire = {name: None if link is None else Link(link.bandwidth)  # the same links, latencies aside
+                    for name, link in (("intra", cluster.intra), ("inter", cluster.inter))}
+            self._wire_cluster = cluster.replace(**wire, collective_latency=0.0)
 
     def cost(self, algorithm: str, nbytes: float) -> tuple[str, float]:
         """(algorithm that runs, seconds) of one all-reduce of ``nbytes``."""
@@ -66,6 +81,14 @@ class Communicator:
         if cost is None:
             cost = self._cost[key] = choose(algorithm, nbytes, self.cluster)
         return cost
+
+    def wire_bytes(self, algorithm: str, nbytes: float) -> float:
+        """Bytes the slowest link carries in one collective: its closed form's transmission term x rate."""
+        key = (algorithm, nbytes)
+        wire = self._wire.get(key)
+        if wire is None:
+            wire = self._wire[key] = allreduce_time(algorithm, nbytes, self._wire_cluster) * self.refill
+        return wire
 
     def join(self, worker: int, step: int, kind: str, buckets: tuple[float, ...], ready: tuple[float, ...],
              algorithm: str, base: float, span: float, computed: bool) -> simpy.Event:
@@ -98,6 +121,11 @@ class Communicator:
             if first is None:
                 first = start
             ran, seconds = self.cost(pending.algorithm, nbytes)
+            if self.burst:
+                self.tokens = min(self.burst, self.tokens + (start - clock) * self.refill)
+                credit = min(self.tokens, self.wire_bytes(ran, nbytes))
+                self.tokens -= credit
+                seconds -= credit / self.refill
             clock = start + seconds
             recorder.collective(pending.step, pending.kind, b, nbytes, ran, start, clock)
         end = clock

@@ -15,6 +15,10 @@ down, so a pending wake-up is never late; when it fires early it re-arms. A
 finished flow's waiter is resumed right inside the wake-up (no second event).
 The link models transmission only: propagation latency is charged by its
 users, who fold it into a wait they make anyway (see syncsim.engine).
+
+A link with a ``burst`` is a token-bucket shaper (tc-tbf): while idle it
+gathers tokens at its rate, up to ``burst`` bytes, and a flow arriving at the
+idle link passes that many of its bytes at once; a busy link has spent them.
 """
 
 from __future__ import annotations
@@ -32,13 +36,17 @@ _TAG_RTOL = 1e-12
 
 
 class SharedLink:
-    def __init__(self, env: simpy.Environment, bandwidth: float, cap: float = math.inf, name: str = "link") -> None:
+    def __init__(self, env: simpy.Environment, bandwidth: float, cap: float = math.inf, name: str = "link",
+                 burst: float = 0.0) -> None:
         if not bandwidth > 0:
             raise ValueError(f"SharedLink {name!r}: bandwidth must be > 0, got {bandwidth!r}")
         self.env = env
         self.bandwidth = float(bandwidth)
         self.cap = float(cap)
         self.name = name
+        self.burst = float(burst)
+        self.tokens = self.burst     # bytes the bucket holds (full at the start)
+        self._idle_since = 0.0       # when the link last became idle
         self._virtual = 0.0          # bytes served to each active flow so far
         self._updated = 0.0          # simulated time of the last virtual-time update
         self._rate = self.rate(1)    # current per-flow rate
@@ -61,10 +69,17 @@ class SharedLink:
         """Start a flow of ``nbytes`` now; returns the event that fires when its last byte has left."""
         env = self.env
         done = env.event()
-        if nbytes <= 0:
-            return done.succeed()
         now = env.now
         heap = self._heap
+        if self.burst and not heap and nbytes > 0:  # an idle shaper: its bucket lets bytes through at once
+            self.tokens = min(self.burst, self.tokens + (now - self._idle_since) * self.bandwidth)
+            granted = min(self.tokens, nbytes)
+            self.tokens -= granted
+            self._idle_since = now
+            self.bytes_served += granted
+            nbytes -= granted
+        if nbytes <= 0:
+            return done.succeed()
         if heap:
             self._virtual += (now - self._updated) * self._rate
         self._updated = now
@@ -109,6 +124,8 @@ class SharedLink:
         self._rate = self.rate(len(heap))
         if heap:
             self._arm(now)
+        else:
+            self._idle_since = now
         for done in finished:
             _resume_now(done)
 

@@ -35,8 +35,10 @@ class ServerGroup:
         self.workers = cluster.gpus
         net = cluster.server_net
         cap = cluster.worker_bandwidth / self.k
-        self.down = SharedLink(env, net.bandwidth, cap=cap, name="server-in")  # type: ignore[arg-type]
-        self.up = SharedLink(env, net.bandwidth, cap=cap, name="server-out")  # type: ignore[arg-type]
+        # A server NIC with a burst (a token-bucket shaper) passes that many bytes of the first flow after
+        # an idle spell at once, whoever sends them; the workers' own buckets are not modelled.
+        self.down = SharedLink(env, net.bandwidth, cap=cap, name="server-in", burst=net.burst)  # type: ignore[arg-type]
+        self.up = SharedLink(env, net.bandwidth, cap=cap, name="server-out", burst=net.burst)  # type: ignore[arg-type]
         self.latency = float(net.latency)  # type: ignore[arg-type]
         self.recorder = recorder
         self.state = state

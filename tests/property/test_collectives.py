@@ -200,3 +200,29 @@ def test_local_sgd_communicates_every_period():
     average = 2 * 7 * 10e-6 + 2 * 7 / 8 * n / 1e9
     assert res.makespan == pytest.approx(16 * compute + 4 * average, rel=1e-12)
     assert (res.trace["kind"] == "average").sum() == 4 * 8
+
+
+# Basis: on token-bucket links (tc-tbf) that idle through each compute long enough to refill, the
+# first `burst` bytes each link carries pass at once: the ring's transmission term loses burst/B.
+@given(st.integers(2, 16), sizes, latencies, bandwidths, st.floats(0, 1e7))
+def test_ring_on_links_with_a_burst(p, n, alpha, bandwidth, burst):
+    compute = max(1e-3, 2 * burst / bandwidth)  # the bucket refills during every compute
+    cluster = Cluster.homogeneous(p, Link(bandwidth, alpha, burst=burst))
+    res = simulate(cluster, Workload(n, compute), AllReduce(algorithm="ring", bucket_bytes=2 * n, overlap=False),
+                   steps=3)
+    wire = 2 * (p - 1) / p * n
+    expected = compute + 2 * (p - 1) * alpha + max(0.0, wire - burst) / bandwidth
+    assert res.step_time == pytest.approx(expected, rel=1e-9)
+
+
+# Basis: back-to-back buckets leave the bucket no time to refill: the second gets what the first left.
+@given(st.integers(2, 16), sizes, bandwidths, st.floats(0, 1e7))
+def test_back_to_back_buckets_share_one_burst(p, n, bandwidth, burst):
+    compute = max(1e-3, 2 * burst / bandwidth)
+    cluster = Cluster.homogeneous(p, Link(bandwidth, 0.0, burst=burst))
+    res = simulate(cluster, Workload(n, compute), AllReduce(algorithm="ring", bucket_bytes=n / 2, overlap=False),
+                   steps=3)
+    wire = 2 * (p - 1) / p * n / 2  # each of the two buckets
+    first = min(burst, wire)
+    second = min(burst - first, wire)
+    assert res.step_time == pytest.approx(compute + (2 * wire - first - second) / bandwidth, rel=1e-9)

@@ -95,3 +95,13 @@ def test_async_identical_workers_have_fixed_delay():
 def test_ps_without_servers_is_a_clear_error():
     with pytest.raises(ValueError, match="servers >= 1"):
         simulate(Cluster.homogeneous(4, Link("1GB/s")), Workload(1e6, 0.01), "ps")
+
+
+# Basis: a server NIC behind a token bucket of b bytes (tc-tbf), idle long enough to refill, passes
+# the first b bytes of a lone push at once: alpha + max(0, n - b)/B.
+@given(st.floats(1e4, 1e8), st.floats(1e7, 1e10), st.floats(0, 1e-4), st.floats(0, 1e7))
+def test_push_through_a_server_link_with_a_burst(n, bandwidth, alpha, burst):
+    cluster = Cluster.homogeneous(1, Link(1e15), servers=1, server_link=Link(bandwidth, alpha, burst=burst))
+    res = simulate(cluster, Workload(n, 0.01), ParameterServer(mode="sync"), steps=1)
+    push = res.trace[res.trace["kind"] == "push"].iloc[0]
+    assert push["end"] - push["start"] == pytest.approx(alpha + max(0.0, n - burst) / bandwidth, rel=1e-9)
