@@ -106,11 +106,12 @@ def test_gloo_allreduce_runs_at_the_emulated_rate():
 
 @pytest.mark.testbed
 @pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
-def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path):
+@pytest.mark.parametrize("agent", [True, False], ids=["torchrun", "direct"])
+def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path, agent):
     cfg = RunConfig(scheme="allreduce", world=2, model="lenet", steps=5, batch_size=16, out=str(tmp_path),
                     record_checksums=True)
     with Testbed(hosts=2, bandwidth="200Mbit/s", prefix=PREFIX) as bed:
-        code, message = run(bed, cfg, timeout=120)
+        code, message = run(bed, cfg, timeout=120, agent=agent)
     assert code == 0, message
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["complete"] and summary["steps_done"] == [5, 5]
@@ -123,12 +124,13 @@ def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path):
 
 @pytest.mark.testbed
 @pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
-def test_a_failed_node_stops_the_others_and_is_named(tmp_path):
+@pytest.mark.parametrize("agent", [True, False], ids=["torchrun", "direct"])
+def test_a_failed_node_stops_the_others_and_is_named(tmp_path, agent):
     # torch's agents do not stop ranks on other nodes: without the launcher's stop, rank 0 waits forever
     cfg = RunConfig(scheme="allreduce", world=2, model="mlp", steps=4, batch_size=16, out=str(tmp_path),
                     fail="1:2", timeout=10)
     with Testbed(hosts=2, bandwidth="200Mbit/s", prefix=PREFIX) as bed:
-        code, message = run(bed, cfg, timeout=60)
+        code, message = run(bed, cfg, timeout=60, agent=agent)
     assert code == 1 and message.startswith("run failed: rank 1 (worker) failed at step 2")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["complete"] is False
