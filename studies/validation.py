@@ -1,127 +1,441 @@
-"""``python -m studies.validation`` (or ``python -m real.testbed --check``): syncsim against the testbed.
+"""``python -m studies.validation``: every scheme predicted by syncsim against measured on the emulated network.
 
-1. On a 2-host testbed, real.calibrate's probe (run as a 2-node torchrun) measures the compute time of
-   one batch with both hosts computing and sweeps ping-pong and all-reduce over 16 KiB..4 MiB; the sweep
-   stops at 4 MiB because at 25 MB/s calibrate's 64 MiB points alone would take over a minute.
-   real.calibrate.fit_linear fits the closed forms to the messages of at least ten tbf bursts: the
-   all-reduce fit becomes the workers' link, the ping-pong fit the server link, as real.calibrate does.
-2. The scheme runs for real: allreduce on 2 hosts, then a synchronous parameter server on 3 hosts
-   (2 workers + 1 server), ``--steps`` steps each.
-3. syncsim simulates both on the fitted Cluster and the measured Workload; the table shows predicted
-   and measured steady-state step time and their ratio. Results go to OUT/check.json.
+For each configuration (scheme, workers, link rate, model, one slowed worker or none):
+
+1. calibrate here, under the configuration's own contention (real.testbed.calibration): link α and β
+   fitted on a 2-host testbed at that rate; compute time, its jitter and the backward's share timed
+   with as many processes computing at once as the configuration has ranks;
+2. predict: ``simulate`` on that Cluster and Workload, the slowed worker as its speed factor;
+3. measure: the executor runs the scheme for real on a testbed of world + servers hosts;
+4. compare, by one definition of every figure (syncsim.metrics) on both sides.
+
+Writes ``OUT/validation.csv`` (one row per configuration; a failed one is a row with its reason),
+``OUT/parity.png`` (drawn from the CSV alone), each run's real and simulated traces under
+``OUT/runs/<configuration>/`` and the calibrations under ``OUT/calibration/``. A rerun keeps the
+finished rows and measures only the rest. Needs root and iproute2 (the testbed).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
+import math
 import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["main"]
+import numpy as np
+import pandas as pd
 
-SWEEP = tuple(2**k for k in range(14, 23))  # 16 KiB .. 4 MiB, ×2 apart
-SCHEMES = (("allreduce", 0), ("ps", 1))  # (scheme, servers)
+__all__ = ["Config", "grid", "quick_grid", "main", "summary_lines", "plot", "COLUMNS"]
+
+SCHEMES = ("allreduce", "allreduce:precision=fp16", "ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=4")
+WORLDS = (1, 2, 4)
+BANDWIDTHS = ("50Mbit/s", "200Mbit/s", "1Gbit/s")
+MODELS = ("mlp", "lenet")
+SLOW = 3.0  # the straggler rows' slowed worker computes this many times as long
+STEPS = 40  # a multiple of every local-SGD period here, warm-up (a tenth) included: whole periods are timed
+LONG_RUN, MIN_STEPS = 30.0, 20  # a run predicted to take longer than LONG_RUN seconds runs fewer steps
+BATCH = 32
+KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
+COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
+           "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
+           "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max", "measured_staleness_max",
+           "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha", "server_bandwidth",
+           "server_alpha", "wall_time", "error")
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass(frozen=True)
+class Config:
+    """One configuration of the study; ``slow`` > 1 slows the last worker by that factor."""
+
+    scheme: str
+    world: int
+    bandwidth: str
+    model: str
+    slow: float = 1.0
+
+    def __post_init__(self) -> None:
+        from real.config import MODELS as REAL_MODELS
+        from syncsim.config import check_choice, check_float, check_int
+        from syncsim.schemes import parse
+        from syncsim.units import parse_bandwidth
+
+        try:
+            object.__setattr__(self, "scheme", str(parse(self.scheme)))
+        except ValueError as err:
+            raise ValueError(f"Config.scheme: {err}") from None
+        object.__setattr__(self, "world", check_int("Config", "world", self.world, 1))
+        parse_bandwidth(self.bandwidth, "Config.bandwidth")
+        check_choice("Config", "model", self.model, REAL_MODELS)
+        object.__setattr__(self, "slow", check_float("Config", "slow", self.slow, low=1.0))
+
+    @property
+    def servers(self) -> int:
+        """One parameter-server host for a scheme that pushes, none otherwise (read off its plan)."""
+        from real.config import SERVER_ACTIONS
+        from syncsim.schemes import parse
+
+        actions = parse(self.scheme).policy(1.0).action_types(2)
+        return int(any(issubclass(a, SERVER_ACTIONS) for a in actions))
+
+    @property
+    def ranks(self) -> int:
+        return self.world + self.servers
+
+    @property
+    def work(self) -> str:
+        """What a worker computes per step (real.testbed.calibration.WORKS), read off the plan's sync action."""
+        from syncsim.schemes import AllReduceGradients, Push, parse
+
+        actions = parse(self.scheme).policy(1.0).action_types(2)
+        return "allreduce" if AllReduceGradients in actions else "push-pull" if Push in actions else "local"
+
+    @property
+    def key(self) -> tuple:
+        return (self.scheme, self.world, self.servers, self.bandwidth, self.model, float(self.slow))
+
+    @property
+    def name(self) -> str:
+        from real.testbed.calibration import slug
+
+        slow = f"-slow{self.slow:g}" if self.slow > 1 else ""
+        return f"{slug(self.scheme)}-w{self.world}-{slug(self.bandwidth)}-{self.model}{slow}"
+
+
+def grid(schemes=SCHEMES, worlds=WORLDS, bandwidths=BANDWIDTHS, models=MODELS, slow=SLOW) -> list[Config]:
+    """Every scheme × workers × rate × model, plus one straggler row per scheme and model (at the fewest
+    workers from two up, and the middle rate) and the one-worker all-reduce each speedup is measured against.
+
+    A one-worker run that sends nothing (no parameter server) is the same run at every rate, so it is
+    run once, at the first rate.
+    """
+    configs: list[Config] = []
+    for model in models:
+        configs.append(Config("allreduce", 1, bandwidths[0], model))  # the speedup baseline
+        for scheme in schemes:
+            for world in worlds:
+                for bandwidth in bandwidths:
+                    config = Config(scheme, world, bandwidth, model)
+                    if world == 1 and config.servers == 0:
+                        config = dataclasses.replace(config, bandwidth=bandwidths[0])
+                    configs.append(config)
+            several = [w for w in worlds if w >= 2]  # a straggler needs a peer to hold up
+            if slow > 1 and several:
+                configs.append(Config(scheme, min(several), bandwidths[len(bandwidths) // 2], model, slow))
+    unique = {c.key: c for c in configs}
+    return list(unique.values())
+
+
+def quick_grid(slow: float = SLOW) -> list[Config]:
+    """A few minutes: the small model at one rate, two workers; synchronous and asynchronous PS, all-reduce."""
+    return [Config("allreduce", 1, "200Mbit/s", "mlp"), Config("allreduce", 2, "200Mbit/s", "mlp"),
+            Config("ps", 2, "200Mbit/s", "mlp"), Config("ps:mode=async", 2, "200Mbit/s", "mlp", slow)]
+
+
+# -- one configuration ---------------------------------------------------------------
+def calibrate(config: Config, args: argparse.Namespace):
+    """The Cluster and Workload that describe ``config`` on this machine, and the measured values."""
+    from real.testbed.calibration import measure_compute, measure_link
+    from syncsim import Cluster, Link, Workload
+    from syncsim.schemes import parse
+
+    folder = args.out / "calibration"
+    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats)
+    fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
+    compute = measure_compute(config.model, args.batch_size, config.world, folder, work=config.work)
+    collective = fits[f"allreduce_{parse(config.scheme).precision}"]  # the scheme's wire precision
+    link = Link(bandwidth=collective["bandwidth"], latency=collective["alpha"], burst=burst)
+    server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"], burst=burst)
+    speed = None
+    if config.slow > 1:  # the slowed rank computes for as long as real.executor makes it: see slow_speed
+        speed = (1.0,) * (config.world - 1) + (slow_speed(compute, config.slow),)
+    cluster = Cluster.homogeneous(gpus=config.world, link=link, servers=config.servers,
+                                  server_link=server_link if config.servers else None, speed=speed,
+                                  jitter=compute["jitter"], name="testbed")
+    workload = Workload(param_bytes=sum(compute["layers"]), layers=tuple(compute["layers"]),
+                        compute_time=compute["compute_time"], batch_size=args.batch_size,
+                        backward_fraction=compute["backward_fraction"], name=config.model)
+    values = {"compute_time": workload.compute_time, "jitter": cluster.jitter, "link_bandwidth": link.bandwidth,
+              "link_alpha": link.latency, "server_bandwidth": server_link.bandwidth,
+              "server_alpha": server_link.latency}
+    return cluster, workload, values
+
+
+def slow_speed(compute: dict, factor: float) -> float:
+    """The speed factor of a worker run with ``--slow RANK:factor``: real.executor makes that rank wait
+    (factor - 1) x COMPUTE_PER_FORWARD x its forward time more per step, so its compute time is
+    compute + that wait (factor x compute when the backward takes twice the forward)."""
+    from real.executor import COMPUTE_PER_FORWARD
+
+    compute_time = compute["compute_time"]
+    return compute_time / (compute_time + (factor - 1) * COMPUTE_PER_FORWARD * compute["forward_time"])
+
+
+def run_steps(asked: int, predicted_run: float) -> int:
+    """Steps to run: ``asked``, or fewer (at least MIN_STEPS, a multiple of 4) when the run would be long.
+
+    A step of several hundred milliseconds is network-bound and varies little, so twenty of them time
+    it as well as forty; this keeps the default grid within half an hour. Multiples of 4 keep local
+    SGD's averaging periods whole."""
+    if predicted_run <= LONG_RUN or asked <= MIN_STEPS:
+        return asked
+    return max(MIN_STEPS, int(asked * LONG_RUN / predicted_run) // 4 * 4)
+
+
+def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int):
+    """Run ``config`` for real on a testbed of world + servers hosts; its steady state (syncsim.metrics)."""
+    from real.config import RunConfig
+    from real.interrupt import Interrupted
+    from real.testbed import Testbed, run
+    from syncsim.metrics import steady_state
+
+    slow = ((config.world - 1, config.slow),) if config.slow > 1 else ()
+    cfg = RunConfig(scheme=config.scheme, world=config.world, servers=config.servers, model=config.model,
+                    steps=steps, batch_size=args.batch_size, out=str(folder), slow=slow, timeout=120)
+    with Testbed(hosts=cfg.ranks, bandwidth=config.bandwidth, prefix=args.prefix) as bed:
+        # Started without torchrun's agents: half the processes on this machine's two cores, same ranks.
+        code, message = run(bed, cfg, timeout=args.run_timeout, agent=False)
+    if code > 128:  # interrupted (the launcher stopped the nodes and kept the record): the study stops too
+        raise Interrupted(code - 128)
+    if code:
+        raise RuntimeError(message)
+    return steady_state(pd.read_csv(folder / "trace.csv"), pd.read_csv(folder / "updates.csv"), args.batch_size,
+                        steps=steps, workers=config.world)
+
+
+def evaluate(config: Config, args: argparse.Namespace) -> dict:
+    """One row: calibrate, predict, measure, compare; a failure is a row with its reason."""
+    from syncsim import simulate
+    from syncsim.metrics import staleness_distance
+
+    started = time.perf_counter()
+    row: dict = dict(zip(KEY, config.key)) | {"steps": args.steps, "batch_size": args.batch_size}
+    folder = args.out / "runs" / config.name
+    try:
+        cluster, workload, values = calibrate(config, args)
+        row.update(values)
+        result = simulate(cluster, workload, config.scheme, steps=args.steps, seed=0)
+        steps = row["run_steps"] = run_steps(args.steps, result.makespan)
+        if steps != args.steps:
+            result = simulate(cluster, workload, config.scheme, steps=steps, seed=0)
+        folder.mkdir(parents=True, exist_ok=True)
+        result.trace.to_csv(folder / "sim-trace.csv", index=False)  # beside the real trace.csv, to compare
+        result.updates.to_csv(folder / "sim-updates.csv", index=False)
+        predicted, measured = result.steady, measure(config, args, folder, steps)
+        row.update(predicted_step_time=predicted.step_time, measured_step_time=measured.step_time,
+                   predicted_throughput=predicted.throughput, measured_throughput=measured.throughput,
+                   predicted_staleness_mean=predicted.staleness_mean,
+                   measured_staleness_mean=measured.staleness_mean,
+                   predicted_staleness_max=predicted.staleness_max, measured_staleness_max=measured.staleness_max,
+                   staleness_distance=staleness_distance(predicted.staleness, measured.staleness), error="")
+    except Exception as err:  # the study goes on; the row says why this configuration has no figures
+        row["error"] = f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
+    row["wall_time"] = time.perf_counter() - started
+    return row
+
+
+# -- the table, its summary and its figure -------------------------------------------
+def derive(frame: pd.DataFrame) -> pd.DataFrame:
+    """Relative errors, and speedups over each model's one-worker all-reduce (measured and predicted alike)."""
+    frame = frame.copy()
+    frame["rel_error"] = frame["predicted_step_time"] / frame["measured_step_time"] - 1
+    base = frame[(frame["scheme"] == "allreduce") & (frame["world"] == 1) & (frame["slow"] == 1)
+                 & ~failed(frame)].drop_duplicates("model").set_index("model")
+    for side in ("predicted", "measured"):
+        frame[f"{side}_speedup"] = frame[f"{side}_throughput"] / frame["model"].map(base[f"{side}_throughput"])
+    frame["speedup_error"] = frame["predicted_speedup"] / frame["measured_speedup"] - 1
+    stale = frame["measured_staleness_mean"] > 0
+    frame["staleness_mean_error"] = np.where(
+        stale, frame["predicted_staleness_mean"] / frame["measured_staleness_mean"].where(stale) - 1, np.nan)
+    return frame
+
+
+def failed(frame: pd.DataFrame) -> pd.Series:
+    """Rows whose configuration failed (their ``error`` says why); empty and missing mean none."""
+    return frame["error"].astype(object).fillna("").astype(str) != ""
+
+
+def _stats(errors: pd.Series) -> tuple[float, float, int]:
+    errors = errors.dropna().abs()
+    return (float(errors.median()), float(errors.max()), len(errors)) if len(errors) else (math.nan, math.nan, 0)
+
+
+def summary_lines(frame: pd.DataFrame) -> list[str]:
+    """The study's verdict: step time, speedup and staleness errors, and the three worst configurations."""
+    ok = frame[~failed(frame)]
+    lines = []
+    med, top, n = _stats(ok["rel_error"])
+    lines.append(f"step time: median |error| {med:.1%}, max {top:.1%} over {n} configurations")
+    baseline = (ok["scheme"] == "allreduce") & (ok["world"] == 1) & (ok["slow"] == 1)
+    med, top, n = _stats(ok.loc[~baseline, "speedup_error"])
+    lines.append(f"speedup: median |error| {med:.1%}, max {top:.1%} over {n} configurations "
+                 "(the one-worker baselines, 1 by definition, left out)")
+    med, top, n = _stats(ok["staleness_mean_error"])
+    if n:
+        distance = ok.loc[ok["staleness_mean_error"].notna(), "staleness_distance"].median()
+        lines.append(f"staleness mean: median |error| {med:.1%}, max {top:.1%} over {n} asynchronous or SSP "
+                     f"configurations; median KS distance between the distributions {distance:.2f}")
+    worst = ok.reindex(ok["rel_error"].abs().sort_values(ascending=False).index).head(3)
+    for _, r in worst.iterrows():
+        lines.append(f"  worst: {r['scheme']} on {r['world']} workers, {r['bandwidth']}, {r['model']}"
+                     + (f", slow {r['slow']:g}" if r["slow"] > 1 else "")
+                     + f": predicted {r['predicted_step_time'] * 1e3:.1f} ms, measured "
+                       f"{r['measured_step_time'] * 1e3:.1f} ms ({r['rel_error']:+.1%})")
+    if failed(frame).any():
+        lines.append(f"{int(failed(frame).sum())} configurations failed (their rows say why)")
+    return lines
+
+
+def plot(csv: Path, out: Path) -> Path:
+    """Predicted against measured step time, log axes, ±10 % band, one marker per scheme; from the CSV alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = pd.read_csv(csv, keep_default_na=False, na_values=[""])
+    data = data[~failed(data) & data["measured_step_time"].notna()]
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    markers = "osD^v<>phX*"
+    for i, (scheme, rows) in enumerate(data.groupby("scheme", sort=True)):
+        ax.scatter(rows["measured_step_time"] * 1e3, rows["predicted_step_time"] * 1e3, label=scheme,
+                   marker=markers[i % len(markers)], s=28, alpha=0.8)
+    if len(data):
+        low = min(data["measured_step_time"].min(), data["predicted_step_time"].min()) * 1e3 / 1.5
+        high = max(data["measured_step_time"].max(), data["predicted_step_time"].max()) * 1e3 * 1.5
+        line = np.geomspace(low, high, 50)
+        ax.plot(line, line, color="black", lw=0.8)
+        ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.2, label="±10 %")
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title("syncsim against the emulated network")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    path = out / "parity.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# -- the command line ----------------------------------------------------------------
+FLAGS = {"scheme": "--schemes", "world": "--worlds", "bandwidth": "--bandwidths", "model": "--models",
+         "slow": "--slow"}
+
+
+def _items(flag: str, text: str, kind=str) -> tuple:
+    """A comma-separated option's values, or ValueError naming the option."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise ValueError(f"{flag} must be a comma-separated list without empty items, got {text!r}")
+    if kind is int:
+        bad = [item for item in items if not item.isascii() or not item.isdigit()]
+        if bad:
+            raise ValueError(f"{flag} takes positive integers, got {bad[0]!r}")
+        return tuple(int(item) for item in items)
+    return tuple(items)
+
+
+def configurations(args: argparse.Namespace) -> list[Config]:
+    """The study's configurations, each checked (a bad value is refused naming its option)."""
+    from real.config import RunConfig
+    from syncsim.config import check_float
+
+    try:
+        check_float("Config", "slow", args.slow, low=1.0)  # also when no straggler row is made
+        configs = quick_grid(args.slow) if args.quick else grid(args.schemes, args.worlds, args.bandwidths,
+                                                                 args.models, args.slow)
+    except ValueError as err:
+        field = str(err).split(" ", 1)[0].removeprefix("Config.").split(":")[0]
+        raise ValueError(f"{FLAGS.get(field, '--' + field)}: {err}") from None
+    for config in configs:  # what the runs will be given, checked before any is started
+        RunConfig(scheme=config.scheme, world=config.world, servers=config.servers, model=config.model,
+                  steps=args.steps, batch_size=args.batch_size)
+    return configs
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from real.calibrate import MAX_REPEATS
-    from real.config import MODELS
-    from syncsim.arguments import ArgumentParser, check_count, fail, integer
+    from real.testbed import TestbedConfig
+    from real.testbed.launcher import MAX_RUN_TIMEOUT
+    from syncsim.arguments import ArgumentParser, check_count, integer, number
     from syncsim.files import check_out_dir
 
     ap = ArgumentParser(prog="python -m studies.validation", description=__doc__.splitlines()[0])
-    ap.add_argument("--bandwidth", default="200Mbit/s", help="each link's rate, each direction")
-    ap.add_argument("--model", default="lenet", choices=MODELS)
-    ap.add_argument("--steps", type=integer, default=30)
-    ap.add_argument("--batch-size", type=integer, default=32)
-    ap.add_argument("--repeats", type=integer, default=5, help="repeats per message size in the sweep")
-    ap.add_argument("--prefix", default="sstb", help="namespace name prefix")
-    ap.add_argument("--out", default="results/testbed/check")
-    ap.add_argument("--probe", help=argparse.SUPPRESS)
+    ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated scheme specs")
+    ap.add_argument("--worlds", default=",".join(map(str, WORLDS)), help="comma-separated worker counts")
+    ap.add_argument("--bandwidths", default=",".join(BANDWIDTHS), help="comma-separated link rates")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated real.models names")
+    ap.add_argument("--slow", type=number, default=SLOW, help="straggler rows' slowdown (1: no straggler rows)")
+    ap.add_argument("--steps", type=integer, default=STEPS, help="steps per worker of a run (fewer for long runs)")
+    ap.add_argument("--batch-size", type=integer, default=BATCH)
+    ap.add_argument("--repeats", type=integer, default=5, help="repeats per message size in the link probe")
+    ap.add_argument("--out", default="results/validation", help="output folder")
+    ap.add_argument("--quick", action="store_true", help="a handful of configurations (a few minutes)")
+    ap.add_argument("--prefix", default="sstb", help="testbed namespace prefix")
+    ap.add_argument("--run-timeout", type=number, default=300.0, help="seconds before a run is stopped")
     args = ap.parse_args(argv)
-    if args.probe:
-        import real.calibrate as calibrate
-
-        calibrate.probe(args.probe, args.repeats, args.model, args.batch_size, sizes=SWEEP)
-        return 0
-
-    from real.calibrate import link_fits, measure_compute
-    from real.config import RunConfig
-    from real.interrupt import Interrupted, raise_on_signals
-    from real.testbed import Testbed, TestbedConfig, TestbedUnavailable, run, torchrun_on
-    from syncsim import simulate
-    from syncsim.cluster import Cluster, Link
-    from syncsim.files import write_atomic
-
-    raise_on_signals()  # SIGINT/SIGTERM unwind through each Testbed's __exit__, which removes the namespaces
     try:
-        out = check_out_dir(args.out)
-        configs = {scheme: RunConfig(scheme=scheme, world=2, servers=servers, model=args.model, steps=args.steps,
-                                     batch_size=args.batch_size, out=str(out / scheme))
-                   for scheme, servers in SCHEMES}
+        args.out = check_out_dir(args.out)
+        check_count("--steps", args.steps, 2)
         check_count("--repeats", args.repeats, 1, MAX_REPEATS)
-        TestbedConfig(hosts=3, bandwidth=args.bandwidth, prefix=args.prefix)  # fails before anything is built
+        if not 0 < args.run_timeout <= MAX_RUN_TIMEOUT:
+            raise ValueError(f"--run-timeout must be in (0, {MAX_RUN_TIMEOUT:g}] seconds, got {args.run_timeout:g}")
+        TestbedConfig(prefix=args.prefix)
+        args.schemes, args.bandwidths, args.models = (_items(flag, getattr(args, flag[2:]))
+                                                      for flag in ("--schemes", "--bandwidths", "--models"))
+        args.worlds = _items("--worlds", args.worlds, int)
+        args.configs = configurations(args)
     except ValueError as err:
-        return fail("studies.validation", err)
-    measured = {}
-    try:
-        with Testbed(hosts=2, bandwidth=args.bandwidth, prefix=args.prefix) as bed:
-            probe_file = out / "probe.json"
-            codes = torchrun_on(bed, "studies.validation", ["--probe", str(probe_file), "--repeats", str(args.repeats),
-                                                       "--model", args.model, "--batch-size", str(args.batch_size)],
-                                out / "probe-logs", timeout=180)
-            if any(codes):
-                print(f"studies.validation: probe failed ({codes}); see {out}/probe-logs/", file=sys.stderr)
-                return 1
-            measured["allreduce"] = run(bed, configs["allreduce"], timeout=180)
-        with Testbed(hosts=3, bandwidth=args.bandwidth, prefix=args.prefix) as bed:
-            measured["ps"] = run(bed, configs["ps"], timeout=180)
-    except TestbedUnavailable as err:
-        return fail("studies.validation", err)
-    except Interrupted as err:
-        print(f"studies.validation: interrupted by {err.name}; namespaces removed", file=sys.stderr)
-        return err.exit_code
-    for scheme, (code, message) in measured.items():
-        if code:
-            print(f"studies.validation: {scheme}: {message}", file=sys.stderr)
-            return 1
+        ap.error(str(err))
+    return args
 
-    probe = json.loads(probe_file.read_text())
-    # A full token bucket lets its burst pass at veth speed, so a message within a few bursts of it comes
-    # out faster than the link (ping-pong of 16 KiB ran at 65-104 MB/s behind a 25 MB/s link); from ten
-    # bursts up that head start is under a tenth of the transfer.
-    link_config = TestbedConfig(bandwidth=args.bandwidth)
-    fits = link_fits(probe, min_bytes=10 * link_config.burst)
-    # The probe timed compute with both hosts computing at once, as in a run (real.calibrate does the same).
-    workload = measure_compute(args.model, args.batch_size, amp=False)
-    workload = workload.replace(compute_time=probe["compute_concurrent"]["fp32"])
-    link = Link(bandwidth=fits["allreduce"]["bandwidth"], latency=fits["allreduce"]["alpha"])
-    server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"])
+
+def main(argv: list[str] | None = None) -> int:
+    from tqdm import tqdm
+
+    from real.interrupt import Interrupted, raise_on_signals
+    from real.testbed import unavailable
+    from studies.common import write_csv
+    from syncsim.arguments import fail
+
+    args = parse_args(argv)
+    reason = unavailable()
+    if reason:
+        return fail("studies.validation", reason)
+    raise_on_signals()  # SIGINT/SIGTERM unwind through each Testbed's __exit__, which removes the namespaces
+    configs = args.configs
+    csv = args.out / "validation.csv"
     rows = []
-    for scheme, servers in SCHEMES:
-        cluster = Cluster.homogeneous(gpus=2, link=link, servers=servers,
-                                      server_link=server_link if servers else None, name="testbed",
-                                      collective_latency=fits["allreduce"]["launch"])
-        predicted = simulate(cluster, workload, scheme, steps=args.steps, seed=0).step_time
-        summary = json.loads((out / scheme / "summary.json").read_text())
-        rows.append({"scheme": scheme, "hosts": 2 + servers, "predicted": predicted,
-                     "measured": summary["step_time"], "ratio": predicted / summary["step_time"]})
-    nominal = link_config.bandwidth
-    result = {"bandwidth_nominal": nominal, "fits": fits, "compute_time": workload.compute_time,
-              "param_bytes": workload.param_bytes, "model": args.model, "batch_size": args.batch_size,
-              "steps": args.steps, "rows": rows}
-    write_atomic(out / "check.json", json.dumps(result, indent=1))
-    print(f"studies.validation: {args.model}, batch {args.batch_size}, {workload.param_bytes / 1e6:.2f} MB of "
-          f"parameters, compute {workload.compute_time * 1e3:.2f} ms per step with 2 hosts computing")
-    for name, fit in fits.items():
-        print(f"studies.validation: {name:9s} fit: B {fit['bandwidth'] / 1e6:6.2f} MB/s "
-              f"({fit['bandwidth'] / nominal:.0%} of the {nominal / 1e6:.1f} MB/s link), "
-              f"alpha {fit['alpha'] * 1e6:7.1f} us, R² {fit['r2']:.4f}")
-    print(f"{'scheme':10s} {'hosts':>5s} {'predicted ms':>13s} {'measured ms':>12s} {'ratio':>6s}")
-    for r in rows:
-        print(f"{r['scheme']:10s} {r['hosts']:5d} {r['predicted'] * 1e3:13.1f} {r['measured'] * 1e3:12.1f} "
-              f"{r['ratio']:6.2f}")
-    print(f"studies.validation: wrote {out}/check.json")
+    if csv.exists():  # resume: finished rows stay, failed ones are tried again
+        old = pd.read_csv(csv, keep_default_na=False, na_values=[""])
+        old = old[~failed(old) & (old["steps"] == args.steps) & (old["batch_size"] == args.batch_size)]
+        rows = old.to_dict("records")
+    done = {tuple(r[k] for k in KEY) for r in rows}
+    todo = [c for c in configs if c.key not in done]
+    started = time.perf_counter()
+    try:
+        for config in tqdm(todo, desc="validation", unit="run", dynamic_ncols=True):
+            rows.append(evaluate(config, args))
+            write_csv(derive(pd.DataFrame(rows)).reindex(columns=[*COLUMNS, "predicted_throughput",
+                                                                  "measured_throughput"]), csv)
+    except Interrupted as err:
+        print(f"studies.validation: interrupted by {err.name}; finished rows are in {csv}, a rerun resumes",
+              file=sys.stderr)
+        return err.exit_code
+    wanted = {c.key for c in configs}
+    frame = pd.read_csv(csv, keep_default_na=False, na_values=[""]) if rows else pd.DataFrame(columns=COLUMNS)
+    frame = frame[[tuple(r) in wanted for r in frame[list(KEY)].itertuples(index=False, name=None)]]
+    figure = plot(csv, args.out)
+    for line in summary_lines(frame):
+        print(f"studies.validation: {line}")
+    print(f"studies.validation: wrote {csv} and {figure} ({len(todo)} runs in "
+          f"{time.perf_counter() - started:.0f} s)")
     return 0
 
 

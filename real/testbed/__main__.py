@@ -4,7 +4,7 @@
 the testbed (real.testbed.namespaces), starts one torchrun *node* per host (real.testbed.launcher,
 real.agent: multi-node c10d rendezvous, one rank per node), merges the outputs, tears the testbed down
 and prints the summary; SIGINT/SIGTERM stop the nodes and keep what was done. ``python -m real.testbed
---check`` runs the validation study's check (studies.validation).
+--check`` is ``python -m studies.validation --quick``.
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue", default="20ms", help="tbf latency: longest wait in a shaper")
     ap.add_argument("--prefix", default="sstb", help="namespace name prefix")
     ap.add_argument("--run-timeout", type=number, default=600.0, help="seconds before the nodes are stopped")
-    ap.add_argument("--check", action="store_true", help="measure, run and compare with syncsim (studies.validation)")
+    ap.add_argument("--check", action="store_true",
+                    help="python -m studies.validation --quick: predicted against measured (its options after --)")
     args = ap.parse_args(ours)
     if args.check:
         # The one command-line shortcut from the tool to the study: the study imports the testbed, the
         # testbed's modules never import the study.
         from studies.validation import main as check
 
-        return check(["--bandwidth", args.bandwidth, "--prefix", args.prefix, *theirs])
+        return check(["--quick", "--prefix", args.prefix, *theirs])
     try:
         if not 0 < args.run_timeout <= MAX_RUN_TIMEOUT:
             raise ValueError(f"--run-timeout must be in (0, {MAX_RUN_TIMEOUT:g}] seconds, got {args.run_timeout:g}")

@@ -1,0 +1,298 @@
+"""Calibrate syncsim for runs on the testbed: the links' α and β, and compute under the run's contention.
+
+Every number the simulator is given is measured here, on this machine, and has a physical meaning:
+
+- **links**: a probe on a 2-host testbed at the configuration's rate times a ping-pong and a two-host
+  all-reduce at each wire precision over message sizes SWEEP, each message after the links rested
+  long enough to refill their tbf buckets; fit_links gives α and B of each closed form on a
+  token-bucket link. The all-reduce fit at the scheme's precision is the workers' link (what
+  collectives see, reduction arithmetic included), the ping-pong fit the parameter servers' link
+  (what point-to-point pushes and pulls see); both carry the testbed's bucket as their burst.
+- **compute**: ``processes`` local ranks each time a worker's computation per step at once (WORKS:
+  what it is depends on the sync action of the plan: DDP's hooks, the optimizer step, or flattening a
+  gradient to push), as the configuration's workers do when they share this machine's cores. The
+  mean over ranks and steps is the workload's compute time, its coefficient of variation the
+  cluster's jitter, and the backward's share of the step the workload's
+  backward_fraction (when DDP's buckets become ready). The forward time is also kept: a rank slowed
+  by ``--slow RANK:F`` waits (F-1) x 3 x its forward time more per step (real.executor), which sets
+  that worker's speed factor in the simulator.
+
+Results are cached as JSON under the calibration folder, so a resumed study measures nothing twice.
+``python -m real.testbed.calibration --probe|--compute ...`` is what the ranks run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from syncsim.files import write_atomic
+
+__all__ = ["SWEEP", "measure_link", "measure_compute", "slug"]
+
+SWEEP = tuple(2**k for k in range(12, 23))  # 4 KiB .. 4 MiB, ×2 apart
+WIRE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # all-reduce precisions timed (torch dtypes)
+COMPUTE_STEPS, COMPUTE_WARMUP = 40, 5
+# What a worker computes per step besides its communication, by the sync action its plan uses:
+# "allreduce": forward and backward through DDP (its hooks copy and scale each bucket) and the optimizer
+# step; "push-pull": forward, backward, the gradient flattened to push and pulled parameters loaded;
+# "local": forward, backward and the optimizer step of a plain module (local SGD's local steps).
+WORKS = ("allreduce", "push-pull", "local")
+SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
+BURSTS_FOR_RATE = 2  # messages this many tbf buckets long or more time the link's sustained rate
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a bandwidth or scheme string."""
+    return "".join(c if c.isalnum() else "-" for c in str(text)).strip("-")
+
+
+def _cached(path: Path, measure) -> dict:
+    if path.exists():
+        return json.loads(path.read_text())
+    result = measure()
+    write_atomic(path, json.dumps(result, indent=1))
+    return result
+
+
+def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5) -> dict:
+    """Probe a 2-host testbed at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket, "fits": fit_links}."""
+
+    def measure() -> dict:
+        from real.testbed.launcher import torchrun_on
+        from real.testbed.namespaces import Testbed
+
+        probe_file = folder / f"probe-{slug(bandwidth)}.json"
+        with Testbed(hosts=2, bandwidth=bandwidth, prefix=prefix) as bed:
+            # links rest twice a bucket's refill time before each timed transfer: every message meets a
+            # full bucket, as one after a step's compute does
+            idle = 2 * bed.config.burst / bed.config.bandwidth
+            codes = torchrun_on(bed, "real.testbed.calibration", ["--probe", str(probe_file), "--repeats",
+                                                                  str(repeats), "--idle", str(idle)],
+                                folder / "logs", timeout=900, agent=False)
+        if any(codes):
+            raise RuntimeError(f"link probe at {bandwidth} failed (node exit codes {codes}); logs in {folder}/logs")
+        probe = json.loads(probe_file.read_text())
+        return {"bandwidth": bandwidth, "burst": bed.config.burst, "probe": probe}
+
+    # The raw sweep is cached; the fit is made from it each time.
+    measured = _cached(folder / f"link-{slug(bandwidth)}.json", measure)
+    return measured | {"fits": fit_links(measured["probe"], measured["burst"])}
+
+
+def fit_links(probe: dict, burst: float) -> dict:
+    """α, B (and the bucket they imply) of the probe's ping-pong and all-reduces on a token-bucket link.
+
+    Every timed message met a full bucket of ``burst`` bytes, so a message of n bytes takes
+    α + max(0, n - burst)/B per hop (one hop for ping-pong, the ring's 2(p-1) messages and
+    2(p-1)/p·n bytes per link for the all-reduce). B is fitted to the slope over messages of at least
+    BURSTS_FOR_RATE buckets (real.calibrate.fit_linear, weights 1/t); α is the median of all timings
+    of the messages of at most half a bucket, which pass at once, per message. The fitted intercept
+    then tells the bucket, a check on the model: ``burst_fitted`` = (messages·α - intercept)·B.
+    The all-reduce is fitted at each wire precision the probe timed: its rate includes the
+    reduction arithmetic, which on CPUs costs as much per byte as the link for fp16.
+    """
+    import numpy as np
+
+    from real.calibrate import fit_linear
+
+    p = probe["world"]
+    fits = {}
+    curves = [("pingpong", 1, 1.0)] + [(key, 2 * (p - 1), 2 * (p - 1) / p) for key in probe
+                                       if key.startswith("allreduce_")]
+    for name, messages, scale in curves:  # scale: bytes each rank sends per byte of input
+        rows = probe[name]
+        n, t = (np.array([row[i] for row in rows], dtype=float) for i in (0, 1))
+        large = n * scale >= BURSTS_FOR_RATE * burst
+        small = n * scale <= max(burst / 2, (n * scale).min())
+        intercept, slope, r2, residuals = fit_linear(n[large], t[large])
+        # the median of every timing of the small messages: a stall of the shared machine moves a mean
+        samples = [x for row, keep in zip(rows, small) if keep for x in (row[2] if len(row) > 2 else [row[1]])]
+        alpha = float(np.median(samples)) / messages
+        bandwidth = scale / slope
+        fits[name] = {"alpha": alpha, "bandwidth": bandwidth, "r2": r2,
+                      "burst_fitted": (messages * alpha - intercept) * bandwidth, "relative_residuals": residuals,
+                      "rate_sizes": n[large].tolist(), "alpha_sizes": n[small].tolist(), "ranks": p}
+    return fits
+
+
+def measure_compute(model: str, batch_size: int, processes: int, folder: Path, work: str = "local",
+                    amp: bool = False) -> dict:
+    """``processes`` ranks timing a worker's step of ``work`` at once; compute_time, jitter, backward_fraction,
+    forward_time, layers."""
+    if work not in WORKS:
+        raise ValueError(f"measure_compute: work must be one of {', '.join(WORKS)}, got {work!r}")
+    name = f"compute-{model}-b{batch_size}-p{processes}-{work}{'-amp' if amp else ''}"
+
+    def measure() -> dict:
+        from real.run import start_ranks
+
+        out = folder / f"{name}.raw.json"
+        start_ranks(processes, "real.testbed.calibration", ["--compute", str(out), "--model", model, "--batch-size",
+                                                            str(batch_size), "--work", work] + ["--amp"] * amp)
+        return json.loads(out.read_text())
+
+    return _cached(folder / f"{name}.json", measure)
+
+
+# -- what the ranks run -------------------------------------------------------------
+def _timed(action, repeats: int, idle: float) -> list[float]:
+    """Times of ``action()`` in ``repeats`` rounds after one warm-up; every rank starts each round
+    together, after the links rested ``idle`` seconds (a tbf bucket refills while its link rests)."""
+    import torch
+    import torch.distributed as dist
+
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        time.sleep(idle)
+        t0 = time.perf_counter()
+        action()
+        elapsed = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # as slow as its slowest rank
+        if i:
+            times.append(float(elapsed))
+    return times
+
+
+def _probe_rank(out: str, repeats: int, idle: float) -> None:
+    """Ping-pong (ranks 0 and 1, fp32) and all-reduce (every rank, each wire precision) over SWEEP."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    result: dict = {"world": dist.get_world_size(), "idle": idle, "pingpong": []}
+
+    def pingpong(buf):
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+
+    def row(size: int, action, per: float = 1.0) -> tuple:
+        # small messages are quick and their times noisy on a shared machine: time them more often
+        times = [t / per for t in _timed(action, repeats * (SMALL_REPEATS if size <= SMALL else 1), idle)]
+        return size, statistics.median(times), times
+
+    for size in SWEEP:
+        buf = torch.zeros(size // 4)
+        result["pingpong"].append(row(size, lambda buf=buf: pingpong(buf), per=2.0))  # one way
+    for precision, name in WIRE.items():
+        dtype = getattr(torch, name)
+        result[f"allreduce_{precision}"] = [row(size, lambda buf=buf: dist.all_reduce(buf))
+                                            for size in SWEEP
+                                            for buf in [torch.zeros(size // dtype.itemsize, dtype=dtype)]]
+    result["allreduce"] = result["allreduce_fp32"]
+    if rank == 0:
+        write_atomic(out, json.dumps(result))
+    dist.destroy_process_group()
+
+
+def _time_worker_steps(model_name: str, batch_size: int, work: str, amp: bool) -> dict:
+    """One rank: a worker's computation per step for ``work`` (see WORKS), timed COMPUTE_STEPS times."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from real.data import load
+    from real.models import build, param_layers
+
+    model, data = build(model_name, 0), load("synthetic", 0)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    own = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group, in order
+    net = DDP(model, process_group=own) if work == "allreduce" else model  # its buckets reduce locally
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+    steps, forward, backward = [], [], []
+    dist.barrier()  # every rank starts at once: they share the cores as a run's ranks do
+    for step in range(COMPUTE_WARMUP + COMPUTE_STEPS):
+        t0 = time.perf_counter()
+        x, y = data.batch(rank, step, world, batch_size)
+        t1 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            loss = F.cross_entropy(net(x), y)
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        if work == "push-pull":  # flatten the gradient to push it, load the pulled parameters
+            grad = torch.cat([q.grad.reshape(-1) for q in model.parameters()]).float()
+            with torch.no_grad():
+                offset = 0
+                for q in model.parameters():
+                    q.copy_(grad[offset:offset + q.numel()].view_as(q))
+                    offset += q.numel()
+        else:
+            optimizer.step()
+        t4 = time.perf_counter()
+        if step >= COMPUTE_WARMUP:
+            steps.append(t4 - t0)
+            forward.append(t2 - t1)  # what real.executor times to size a --slow rank's extra wait
+            backward.append(t3 - t2)
+    return {"steps": steps, "forward": forward, "backward": backward, "layers": list(param_layers(model))}
+
+
+def _compute_rank(out: str, model: str, batch_size: int, work: str, amp: bool) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    mine = _time_worker_steps(model, batch_size, work, amp)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if dist.get_rank() == 0:
+        steps = [t for g in gathered for t in g["steps"]]
+        mean = statistics.fmean(steps)
+        result = {"model": model, "batch_size": batch_size, "processes": len(gathered), "work": work, "amp": amp,
+                  "compute_time": mean, "jitter": statistics.pstdev(steps) / mean,
+                  "backward_fraction": statistics.fmean(t for g in gathered for t in g["backward"]) / mean,
+                  "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
+                  "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"]}
+        write_atomic(out, json.dumps(result, indent=1))
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from real.calibrate import MAX_REPEATS
+    from real.config import MODELS, SAMPLE_BYTES
+    from syncsim.arguments import ArgumentParser, check_count, integer, number
+    from syncsim.files import check_out_file
+    from syncsim.limits import check_memory
+
+    ap = ArgumentParser(prog="python -m real.testbed.calibration", description=__doc__.splitlines()[0])
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--probe", help="(a rank of) the link probe: write the sweeps here")
+    what.add_argument("--compute", help="(a rank of) the compute probe: write the timings here")
+    ap.add_argument("--repeats", type=integer, default=5)
+    ap.add_argument("--idle", type=number, default=0.0, help="seconds each link rests before a timed transfer")
+    ap.add_argument("--model", default="lenet", choices=MODELS)
+    ap.add_argument("--batch-size", type=integer, default=32)
+    ap.add_argument("--work", default="local", choices=WORKS)
+    ap.add_argument("--amp", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        check_out_file(args.probe or args.compute, "--probe" if args.probe else "--compute")
+        check_count("--repeats", args.repeats, 1, MAX_REPEATS)
+        check_count("--batch-size", args.batch_size, 1)
+        check_memory("--batch-size", args.batch_size, "samples of a batch", SAMPLE_BYTES, "lower --batch-size")
+        if not 0 <= args.idle <= 60:
+            raise ValueError(f"--idle must be between 0 and 60 seconds, got {args.idle:g}")
+    except ValueError as err:
+        ap.error(str(err))
+    if args.probe:
+        _probe_rank(args.probe, args.repeats, args.idle)
+    else:
+        _compute_rank(args.compute, args.model, args.batch_size, args.work, args.amp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

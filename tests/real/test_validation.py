@@ -1,0 +1,35 @@
+"""The validation study's quick preset on the emulated network: every scheme kind predicted within a loose bound."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from real.testbed import unavailable
+from studies import validation
+
+ROOT = Path(__file__).resolve().parents[2]
+# Loose: CI machines are shared and timing is noisy; the study's own targets (median 5 %, max 15 %)
+# are for a quiet machine and reported by the full grid, not asserted here.
+LOOSE_MEDIAN, LOOSE_MAX = 0.15, 0.35
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_quick_validation_predicts_every_row_within_a_loose_bound(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "studies.validation", "--quick", "--out", str(tmp_path),
+                           "--prefix", "sstbval"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = pd.read_csv(tmp_path / "validation.csv", keep_default_na=False, na_values=[""])
+    assert len(data) == len(validation.quick_grid()) and not validation.failed(data).any(), data["error"].tolist()
+    errors = data["rel_error"].abs()
+    assert errors.median() <= LOOSE_MEDIAN and errors.max() <= LOOSE_MAX, data[list(validation.KEY) + ["rel_error"]]
+    asynchronous = data[data["scheme"] == "ps:mode=async"].iloc[0]
+    assert asynchronous["measured_staleness_mean"] > 0 and asynchronous["predicted_staleness_mean"] > 0
+    assert "step time: median |error|" in proc.stdout and (tmp_path / "parity.png").exists()

@@ -1,0 +1,130 @@
+"""studies.validation without a testbed: its grid, its link fits, and its bookkeeping (rows, failures, resume)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from real.testbed.calibration import fit_links
+from studies import validation
+from syncsim import Cluster, Link, Workload, simulate
+
+
+def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
+    configs = validation.grid()
+    assert len(configs) >= 24 and len({c.key for c in configs}) == len(configs)
+    schemes = {c.scheme for c in configs}
+    assert {"ps:mode=async", "ps:staleness=2", "localsgd:period=4", "allreduce:precision=fp16"} <= schemes
+    stragglers = [c for c in configs if c.slow > 1]
+    assert {c.scheme for c in stragglers} == schemes and all(c.world >= 2 for c in stragglers)
+    # a one-worker run without a server sends nothing: one run, not one per link rate
+    silent = [c for c in configs if c.world == 1 and c.servers == 0]
+    assert len(silent) == len({(c.scheme, c.model) for c in silent})
+    assert all(c.servers == 1 for c in configs if c.scheme.startswith("ps"))
+    for model in validation.MODELS:  # every model has its speedup baseline
+        assert any(c.scheme == "allreduce" and c.world == 1 and c.model == model for c in configs)
+
+
+def test_quick_grid_has_an_asynchronous_row():
+    assert any(c.scheme == "ps:mode=async" for c in validation.quick_grid())
+
+
+def test_config_names_the_bad_field():
+    with pytest.raises(ValueError, match="Config.world"):
+        validation.Config("allreduce", 0, "1Gbit/s", "mlp")
+    with pytest.raises(ValueError, match="Config.model"):
+        validation.Config("allreduce", 2, "1Gbit/s", "resnet")
+    with pytest.raises(ValueError, match="Config.bandwidth"):
+        validation.Config("allreduce", 2, "fast", "mlp")
+    with pytest.raises(ValueError, match="Config.slow"):
+        validation.Config("allreduce", 2, "1Gbit/s", "mlp", slow=0.5)
+
+
+def test_link_fits_recover_latency_rate_and_bucket_of_a_token_bucket_link():
+    # A tbf link of rate B with a full bucket of b bytes: the first b bytes pass at once, the rest at B;
+    # every message also pays alpha. Ring all-reduce over p = 2: 2 messages, n bytes through each link.
+    alpha, rate, burst = 150e-6, 25e6, 25_000
+    sizes = [2**k for k in range(12, 23)]
+    probe = {"world": 2, "pingpong": [(n, alpha + max(0.0, n - burst) / rate) for n in sizes],
+             "allreduce_fp32": [(n, 2 * alpha + max(0.0, n - burst) / rate) for n in sizes],
+             "allreduce_fp16": [(n, 2 * alpha + max(0.0, n - burst) / (rate / 2)) for n in sizes]}
+    fits = fit_links(probe, burst)
+    for name, expected_rate in (("pingpong", rate), ("allreduce_fp32", rate), ("allreduce_fp16", rate / 2)):
+        assert fits[name]["bandwidth"] == pytest.approx(expected_rate, rel=1e-9)
+        assert fits[name]["alpha"] == pytest.approx(alpha, rel=1e-9)
+    assert fits["pingpong"]["burst_fitted"] == pytest.approx(burst, rel=1e-6)
+    assert fits["allreduce_fp32"]["burst_fitted"] == pytest.approx(burst, rel=1e-6)
+
+
+def _fake_study(monkeypatch, fail: set):
+    """calibrate gives a fixed cluster; measure 'runs' the simulator itself (or fails for ``fail``)."""
+    calls = []
+
+    def calibrate(config, args):
+        cluster = Cluster.homogeneous(config.world, Link("20MB/s", "100us"), servers=config.servers,
+                                      jitter=0.1)
+        workload = Workload(param_bytes="400kB", compute_time="2ms", batch_size=args.batch_size)
+        return cluster, workload, {"compute_time": 2e-3, "jitter": 0.1}
+
+    def measure(config, args, folder, steps):
+        calls.append(config.key)
+        if config.key in fail:
+            raise RuntimeError("rank 1 (worker) failed at step 3: injected")
+        cluster, workload, _ = calibrate(config, args)
+        return simulate(cluster, workload, config.scheme, steps=steps, seed=1).steady
+
+    monkeypatch.setattr(validation, "calibrate", calibrate)
+    monkeypatch.setattr(validation, "measure", measure)
+    monkeypatch.setattr("real.testbed.unavailable", lambda: None)
+    return calls
+
+
+def test_rows_failures_summary_figure_and_resume(tmp_path, monkeypatch, capsys):
+    configs = validation.quick_grid()
+    broken = configs[2].key
+    calls = _fake_study(monkeypatch, fail={broken})
+    argv = ["--quick", "--out", str(tmp_path), "--steps", "10"]
+    assert validation.main(argv) == 0
+    data = pd.read_csv(tmp_path / "validation.csv", keep_default_na=False, na_values=[""])
+    assert set(validation.COLUMNS) <= set(data.columns) and len(data) == len(configs)
+    failed = data[data["error"].notna()]
+    assert len(failed) == 1 and "injected" in failed["error"].iloc[0]
+    assert failed["measured_step_time"].isna().all()
+    ok = data[data["error"].isna()]
+    # the simulator against a differently seeded simulator: close, not identical, and every figure present
+    assert ok["rel_error"].abs().max() < 0.2 and ok["measured_speedup"].notna().all()
+    async_row = ok[ok["scheme"] == "ps:mode=async"].iloc[0]
+    assert async_row["measured_staleness_mean"] > 0 and 0 <= async_row["staleness_distance"] <= 1
+    assert (tmp_path / "parity.png").stat().st_size > 10_000
+    out = capsys.readouterr().out
+    assert "median |error|" in out and f"over {len(configs) - 1} configurations" in out
+    assert "1 configurations failed" in out
+    # a rerun measures only the failed row again
+    calls.clear()
+    assert validation.main(argv) == 0
+    assert calls == [broken]
+    assert len(pd.read_csv(tmp_path / "validation.csv")) == len(configs)
+
+
+def test_derive_takes_speedups_over_each_models_one_worker_run():
+    rows = pd.DataFrame([
+        {"scheme": "allreduce", "world": 1, "slow": 1.0, "model": "mlp", "error": np.nan,
+         "predicted_step_time": 1.0, "measured_step_time": 1.0, "predicted_throughput": 100.0,
+         "measured_throughput": 80.0, "predicted_staleness_mean": 0.0, "measured_staleness_mean": 0.0},
+        {"scheme": "ps", "world": 2, "slow": 1.0, "model": "mlp", "error": np.nan,
+         "predicted_step_time": 1.1, "measured_step_time": 1.0, "predicted_throughput": 150.0,
+         "measured_throughput": 160.0, "predicted_staleness_mean": 1.5, "measured_staleness_mean": 1.0},
+    ])
+    out = validation.derive(rows)
+    assert out["measured_speedup"].tolist() == [1.0, 2.0] and out["predicted_speedup"].tolist() == [1.0, 1.5]
+    assert out["speedup_error"].iloc[1] == pytest.approx(-0.25)
+    assert out["rel_error"].iloc[1] == pytest.approx(0.1)
+    assert np.isnan(out["staleness_mean_error"].iloc[0]) and out["staleness_mean_error"].iloc[1] == 0.5
+
+
+def test_long_runs_run_fewer_steps_in_whole_local_sgd_periods():
+    assert validation.run_steps(40, 10.0) == 40
+    assert validation.run_steps(40, 45.0) == 24  # 40 x 30/45 = 26.7, down to a multiple of 4
+    assert validation.run_steps(40, 600.0) == validation.MIN_STEPS
+    assert validation.run_steps(12, 600.0) == 12  # never more than asked
