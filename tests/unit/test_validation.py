@@ -118,6 +118,7 @@ def test_derive_takes_speedups_over_each_models_one_worker_run():
     ])
     out = validation.derive(rows)
     assert out["measured_speedup"].tolist() == [1.0, 2.0] and out["predicted_speedup"].tolist() == [1.0, 1.5]
+    assert np.isnan(out["speedup_error"].iloc[0])  # the baseline: 1 on both sides by definition
     assert out["speedup_error"].iloc[1] == pytest.approx(-0.25)
     assert out["rel_error"].iloc[1] == pytest.approx(0.1)
     assert np.isnan(out["staleness_mean_error"].iloc[0]) and out["staleness_mean_error"].iloc[1] == 0.5
