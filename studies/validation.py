@@ -58,16 +58,19 @@ class Config:
 
     def __post_init__(self) -> None:
         from real.config import MODELS as REAL_MODELS
+        from real.testbed import TestbedConfig
         from syncsim.config import check_choice, check_float, check_int
         from syncsim.schemes import parse
-        from syncsim.units import parse_bandwidth
 
         try:
             object.__setattr__(self, "scheme", str(parse(self.scheme)))
         except ValueError as err:
             raise ValueError(f"Config.scheme: {err}") from None
         object.__setattr__(self, "world", check_int("Config", "world", self.world, 1))
-        parse_bandwidth(self.bandwidth, "Config.bandwidth")
+        try:  # a rate the testbed can shape
+            TestbedConfig(bandwidth=self.bandwidth)
+        except ValueError as err:
+            raise ValueError(f"Config.bandwidth: {err}") from None
         check_choice("Config", "model", self.model, REAL_MODELS)
         object.__setattr__(self, "slow", check_float("Config", "slow", self.slow, low=1.0))
 
