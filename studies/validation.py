@@ -37,6 +37,7 @@ MODELS = ("mlp", "lenet")
 SLOW = 3.0  # the straggler rows' slowed worker computes this many times as long
 STEPS = 40  # a multiple of every local-SGD period here, warm-up (a tenth) included: whole periods are timed
 LONG_RUN, MIN_STEPS = 30.0, 20  # a run predicted to take longer than LONG_RUN seconds runs fewer steps
+SHORT_RUN, MAX_STEPS = 2.0, 4000  # one predicted shorter than SHORT_RUN seconds runs more (at most MAX_STEPS)
 BATCH = 32
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
@@ -177,14 +178,18 @@ def slow_speed(compute: dict, factor: float) -> float:
 
 
 def run_steps(asked: int, predicted_run: float) -> int:
-    """Steps to run: ``asked``, or fewer (at least MIN_STEPS, a multiple of 4) when the run would be long.
+    """Steps to run: ``asked``, fewer when the run would be long, more when it would be short (a multiple
+    of 4 either way, which keeps local SGD's averaging periods whole).
 
-    A step of several hundred milliseconds is network-bound and varies little, so twenty of them time
-    it as well as forty; this keeps the default grid within half an hour. Multiples of 4 keep local
-    SGD's averaging periods whole."""
-    if predicted_run <= LONG_RUN or asked <= MIN_STEPS:
-        return asked
-    return max(MIN_STEPS, int(asked * LONG_RUN / predicted_run) // 4 * 4)
+    A step of several hundred milliseconds is network-bound and varies little, so MIN_STEPS of them
+    time it as well as forty, and the default grid stays within half an hour. A run shorter than
+    SHORT_RUN (a one-worker step of the small model is under a millisecond) is lengthened to it: on a
+    shared machine one burst of another process can fill a few tens of milliseconds."""
+    if predicted_run > LONG_RUN and asked > MIN_STEPS:
+        return max(MIN_STEPS, int(asked * LONG_RUN / predicted_run) // 4 * 4)
+    if 0 < predicted_run < SHORT_RUN:
+        return min(MAX_STEPS, -(-int(math.ceil(asked * SHORT_RUN / predicted_run)) // 4) * 4)
+    return asked
 
 
 def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int):

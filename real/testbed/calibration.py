@@ -35,7 +35,9 @@ __all__ = ["SWEEP", "measure_link", "measure_compute", "slug"]
 
 SWEEP = tuple(2**k for k in range(12, 23))  # 4 KiB .. 4 MiB, ×2 apart
 WIRE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # all-reduce precisions timed (torch dtypes)
-COMPUTE_STEPS, COMPUTE_WARMUP = 40, 5
+# Each rank times at least COMPUTE_STEPS steps and COMPUTE_SECONDS of them (after COMPUTE_WARMUP): on a shared
+# machine a 0.5 ms step timed 40 times is 20 ms of measurement, which one burst of another process can fill.
+COMPUTE_STEPS, COMPUTE_SECONDS, COMPUTE_WARMUP, MAX_COMPUTE_STEPS = 40, 2.0, 5, 20_000
 # What a worker computes per step besides its communication, by the sync action its plan uses:
 # "allreduce": forward and backward through DDP (its hooks copy and scale each bucket) and the optimizer
 # step; "push-pull": forward, backward, the gradient flattened to push and pulled parameters loaded;
@@ -195,7 +197,7 @@ def _probe_rank(out: str, repeats: int, idle: float) -> None:
 
 
 def _time_worker_steps(model_name: str, batch_size: int, work: str, amp: bool) -> dict:
-    """One rank: a worker's computation per step for ``work`` (see WORKS), timed COMPUTE_STEPS times."""
+    """One rank: a worker's computation per step for ``work`` (see WORKS), timed as COMPUTE_STEPS says."""
     import contextlib
 
     import torch
@@ -214,7 +216,10 @@ def _time_worker_steps(model_name: str, batch_size: int, work: str, amp: bool) -
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
     steps, forward, backward = [], [], []
     dist.barrier()  # every rank starts at once: they share the cores as a run's ranks do
-    for step in range(COMPUTE_WARMUP + COMPUTE_STEPS):
+    timed = 0.0
+    for step in range(COMPUTE_WARMUP + MAX_COMPUTE_STEPS):
+        if step >= COMPUTE_WARMUP + COMPUTE_STEPS and timed >= COMPUTE_SECONDS:
+            break
         t0 = time.perf_counter()
         x, y = data.batch(rank, step, world, batch_size)
         t1 = time.perf_counter()
@@ -235,6 +240,7 @@ def _time_worker_steps(model_name: str, batch_size: int, work: str, amp: bool) -
             optimizer.step()
         t4 = time.perf_counter()
         if step >= COMPUTE_WARMUP:
+            timed += t4 - t0
             steps.append(t4 - t0)
             forward.append(t2 - t1)  # what real.executor times to size a --slow rank's extra wait
             backward.append(t3 - t2)

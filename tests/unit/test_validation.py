@@ -124,8 +124,11 @@ def test_derive_takes_speedups_over_each_models_one_worker_run():
     assert np.isnan(out["staleness_mean_error"].iloc[0]) and out["staleness_mean_error"].iloc[1] == 0.5
 
 
-def test_long_runs_run_fewer_steps_in_whole_local_sgd_periods():
+def test_long_runs_run_fewer_steps_and_short_ones_more_in_whole_local_sgd_periods():
     assert validation.run_steps(40, 10.0) == 40
     assert validation.run_steps(40, 45.0) == 24  # 40 x 30/45 = 26.7, down to a multiple of 4
     assert validation.run_steps(40, 600.0) == validation.MIN_STEPS
-    assert validation.run_steps(12, 600.0) == 12  # never more than asked
+    assert validation.run_steps(12, 600.0) == 12  # never fewer than asked when that is few already
+    assert validation.run_steps(40, 0.5) == 160  # 40 x 2/0.5
+    assert validation.run_steps(40, 0.03) == 2668  # 40 x 2/0.03 = 2666.7, up to a multiple of 4
+    assert validation.run_steps(40, 1e-6) == validation.MAX_STEPS
