@@ -1,10 +1,32 @@
-"""Shared test settings: Hypothesis runs derandomised in CI so a red build reproduces."""
+"""Shared test settings.
+
+Hypothesis runs derandomised when CI is set (``.ci/run`` sets it), so a red build reproduces.
+
+Tests marked ``testbed`` need root and iproute2; where those are missing they skip, saying why,
+unless SYNCSIM_REQUIRE_TESTBED=1 (``.ci/run`` sets it as root), which makes the missing
+prerequisite a failure: a machine that can run the emulated-network tests must not pass CI
+by skipping them.
+"""
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=150,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("testbed") is None:
+        return
+    from real.namespaces import unavailable
+
+    why = unavailable()
+    if why is None:
+        return
+    if os.environ.get("SYNCSIM_REQUIRE_TESTBED") == "1":
+        pytest.fail(f"SYNCSIM_REQUIRE_TESTBED=1 but {why}", pytrace=False)
+    pytest.skip(why)
