@@ -1,0 +1,213 @@
+"""Mutation testing of the arithmetic core: ``python tools/mutation.py [MODULE ...] [--out DIR]``.
+
+Each module below is mutated by cosmic-ray (one small change at a time: an
+operator, a comparison, a number, a boolean, a loop that never runs) and the
+module's own fast tests run against every mutant; a mutant the tests do not
+fail *survives*. The run works on a scratch copy of the tree (the files git
+tracks or would track), because cosmic-ray edits the source in place while a
+test runs and nothing else may import a mutant meanwhile. It prints, per
+module, the mutants tried, killed and survived, and every survivor as a
+one-line diff; docs/mutation.md holds the last result with each remaining
+survivor explained.
+
+Operators left out, on purpose: replacements *by* bitwise and shift operators
+(``|``, ``&``, ``^``, ``<<``, ``>>``), by ``is``/``is not`` and by unary ``~``/
+``not``. On the floats this code computes with they raise TypeError wherever
+the line runs (so they measure coverage, which the arithmetic replacements on
+the same line measure too), and they would double the run's length.
+
+Needs ``pip install -e ".[mutation]"`` (cosmic-ray). Slow (hours for all
+modules on two cores): run it at low priority, one module at a time while
+iterating, e.g. ``nice -n 10 python tools/mutation.py syncsim/network.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST = "python -m pytest -x -q -p no:cacheprovider"
+
+EXCLUDED_OPERATORS = [
+    r"core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift)$",
+    r"core/ReplaceComparisonOperator_\w+_(Is|IsNot)$",
+    r"core/ReplaceUnaryOperator_\w+_(Invert|Not)$",
+]
+
+CONVERGENCE_TESTS = ("tests/property/test_convergence_sync.py tests/property/test_convergence_ps.py "
+                     "tests/property/test_convergence_scaling.py tests/property/test_convergence_stability.py "
+                     "tests/property/test_convergence_averaging.py tests/unit/test_convergence_parts.py")
+REAL_REFERENCES = "tests/real/test_references.py tests/real/test_replay_agreement.py"
+
+
+@dataclass(frozen=True)
+class Target:
+    stages: tuple[str, ...]
+    """pytest arguments of each stage; a later stage runs only for mutants the earlier ones missed."""
+    timeout: float
+    """Seconds a mutant's tests may take before it counts as killed (a hang)."""
+    functions: frozenset[str] = field(default_factory=frozenset)
+    """Only mutate inside these functions (empty: the whole module)."""
+
+    def command(self) -> str:
+        return "sh -c '" + " && ".join(f"{PYTEST} {stage}" for stage in self.stages) + "'"
+
+
+TARGETS = {
+    "syncsim/network.py": Target(("tests/property/test_network.py tests/property/test_parameter_server.py",), 120),
+    "syncsim/server.py": Target(("tests/property/test_parameter_server.py tests/property/test_convergence_ps.py "
+                                 "tests/property/test_engine_invariants.py",), 240),
+    "syncsim/convergence/optimizer.py": Target((CONVERGENCE_TESTS,), 240),
+    "syncsim/convergence/replay.py": Target((CONVERGENCE_TESTS,), 240),
+    # the server's arithmetic and protocol in process first, then whole runs against the references
+    "real/server.py": Target(("tests/unit/test_real_server.py", REAL_REFERENCES), 300,
+                             frozenset({"shard_bounds", "__init__", "logs_updates", "run", "apply", "wake", "push",
+                                        "wait", "pull"})),
+    # the executor's arithmetic: what it averages, applies, pushes and loads (not tracing or fault injection)
+    "real/executor.py": Target((REAL_REFERENCES,), 300,
+                               frozenset({"flat_params", "average", "_load_flat", "push", "pull", "wait", "allreduce",
+                                          "local_update", "_apply"})),
+    "real/hooks.py": Target((f"{REAL_REFERENCES} tests/real/test_schemes.py",), 400),
+    "syncsim/collectives.py": Target(("tests/property/test_collectives.py tests/property/test_overlap.py",), 120),
+}
+
+
+def scratch_copy(dest: Path) -> None:
+    """The files git tracks or would track (not ignored), copied to ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+
+
+def skip_outside(session: Path, functions: frozenset[str]) -> int:
+    """Mark as skipped the pending mutants outside ``functions``; returns how many."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    skipped = 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in list(db.pending_work_items):
+            if all(m.definition_name not in functions for m in item.mutations):
+                db.set_result(item.job_id, WorkResult(output="outside the arithmetic functions",
+                                                      worker_outcome=WorkerOutcome.SKIPPED))
+                skipped += 1
+    return skipped
+
+
+def run_module(module: str, target: Target, tree: Path, out: Path) -> dict:
+    name = module.replace("/", "_").removesuffix(".py")
+    config, session = out / f"{name}.toml", out / f"{name}.sqlite"
+    config.write_text(
+        "[cosmic-ray]\n"
+        f"module-path = {json.dumps(module)}\n"
+        f"timeout = {target.timeout}\n"
+        "excluded-modules = []\n"
+        f"test-command = {json.dumps(target.command())}\n"
+        "[cosmic-ray.distributor]\nname = \"local\"\n"
+        "[cosmic-ray.filters.operators-filter]\n"
+        f"exclude-operators = {json.dumps(EXCLUDED_OPERATORS)}\n")
+    session.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(tree), CI="true", OMP_NUM_THREADS="1")
+
+    def cosmic(*args: str) -> None:
+        subprocess.run(list(args), cwd=tree, env=env, check=True)
+
+    cosmic("cosmic-ray", "init", str(config), str(session))
+    cosmic("cr-filter-operators", str(session), str(config))
+    if target.functions:
+        skip_outside(session, target.functions)
+    # the unmutated tree must pass, or every mutant would count as killed
+    baseline = subprocess.run(target.command(), shell=True, cwd=tree, env=env, capture_output=True, text=True)
+    if baseline.returncode != 0:
+        raise SystemExit(f"{module}: the tests fail without any mutant:\n{baseline.stdout[-3000:]}")
+    t0 = time.time()
+    cosmic("cosmic-ray", "exec", str(config), str(session))
+    return summarise(module, session, time.time() - t0)
+
+
+def summarise(module: str, session: Path, seconds: float) -> dict:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+    counts = {"killed": 0, "survived": 0, "incompetent": 0, "skipped": 0}
+    survivors = []
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item, result in db.completed_work_items:
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                counts["skipped"] += 1
+            elif result.test_outcome == TestOutcome.SURVIVED:
+                counts["survived"] += 1
+                mutation = item.mutations[0]
+                survivors.append({"line": mutation.start_pos[0], "operator": mutation.operator_name,
+                                  "function": mutation.definition_name, "change": one_line(result.diff)})
+            elif result.test_outcome == TestOutcome.INCOMPETENT:
+                counts["incompetent"] += 1
+            else:
+                counts["killed"] += 1
+    tried = counts["killed"] + counts["survived"]
+    score = counts["killed"] / tried if tried else float("nan")
+    return {"module": module, **counts, "score": score, "seconds": seconds,
+            "survivors": sorted(survivors, key=lambda s: s["line"])}
+
+
+def one_line(diff: str | None) -> str:
+    """``old → new`` from a one-line unified diff."""
+    lines = (diff or "").splitlines()
+    old = [ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    new = [ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    return f"{' / '.join(old)}  →  {' / '.join(new)}"
+
+
+def report(results: list[dict]) -> str:
+    rows = ["| module | mutants | killed | survived | score | minutes |", "|---|---|---|---|---|---|"]
+    for r in results:
+        rows.append(f"| `{r['module']}` | {r['killed'] + r['survived']} | {r['killed']} | {r['survived']} | "
+                    f"{r['score']:.1%} | {r['seconds'] / 60:.0f} |")
+    for r in results:
+        if r["survivors"]:
+            rows += ["", f"Survivors in `{r['module']}`:", ""]
+            rows += [f"- line {s['line']} ({s['function']}): `{s['change']}`" for s in r["survivors"]]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(TARGETS)}")
+    parser.add_argument("--out", default=str(ROOT / "results" / "mutation"), help="sessions and results")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.modules if m not in TARGETS]
+    if unknown:
+        parser.error(f"no mutation target {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
+    if shutil.which("cosmic-ray") is None:
+        parser.error("cosmic-ray is not installed: pip install -e '.[mutation]'")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="syncsim-mutation-") as tmp:
+        tree = Path(tmp)
+        scratch_copy(tree)
+        for module in args.modules or list(TARGETS):
+            result = run_module(module, TARGETS[module], tree, out)
+            (out / (re.sub(r"\W", "_", module) + ".json")).write_text(json.dumps(result, indent=1))
+            results.append(result)
+            print(report([result]), flush=True)
+    print("\n" + report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
