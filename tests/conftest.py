@@ -1,6 +1,7 @@
 """Shared test settings.
 
-Hypothesis runs derandomised when CI is set (``.ci/run`` sets it), so a red build reproduces.
+Hypothesis runs derandomised when CI is set (``.ci/run`` sets it), so a red build reproduces;
+HYPOTHESIS_PROFILE picks another profile otherwise ("dev" by default; tools/mutation.py uses "mutation").
 
 Tests marked ``testbed`` need root and iproute2; where those are missing they skip, saying why,
 unless SYNCSIM_REQUIRE_TESTBED=1 (``.ci/run`` sets it as root), which makes the missing
@@ -11,12 +12,17 @@ by skipping them.
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
+
+NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=150,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+# tools/mutation.py: CI's examples, without shrinking a failure (a killed mutant needs no minimal example)
+settings.register_profile("mutation", settings.get_profile("ci"), phases=NO_SHRINK)
+PROFILE = "ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev")
+settings.load_profile(PROFILE)
 
 
 def pytest_runtest_setup(item):

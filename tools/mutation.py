@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -121,7 +122,8 @@ def run_module(module: str, target: Target, tree: Path, out: Path) -> dict:
         "[cosmic-ray.filters.operators-filter]\n"
         f"exclude-operators = {json.dumps(EXCLUDED_OPERATORS)}\n")
     session.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(tree), CI="true", OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(tree), HYPOTHESIS_PROFILE="mutation", OMP_NUM_THREADS="1")
+    env.pop("CI", None)
 
     def cosmic(*args: str) -> None:
         subprocess.run(list(args), cwd=tree, env=env, check=True)
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("cosmic-ray is not installed: pip install -e '.[mutation]'")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # a stopped run still removes its scratch copy (TemporaryDirectory cleans up on SystemExit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     results = []
     with tempfile.TemporaryDirectory(prefix="syncsim-mutation-") as tmp:
         tree = Path(tmp)
