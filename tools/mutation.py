@@ -19,6 +19,8 @@ the same line measure too), and they would double the run's length.
 Needs ``pip install -e ".[mutation]"`` (cosmic-ray). Slow (hours for all
 modules on two cores): run it at low priority, one module at a time while
 iterating, e.g. ``nice -n 10 python tools/mutation.py syncsim/network.py``.
+After adding tests, ``--recheck`` reruns only the previous session's survivors
+(valid while the mutated module itself is unchanged).
 """
 
 from __future__ import annotations
@@ -48,7 +50,17 @@ EXCLUDED_OPERATORS = [
 CONVERGENCE_TESTS = ("tests/property/test_convergence_sync.py tests/property/test_convergence_ps.py "
                      "tests/property/test_convergence_scaling.py tests/property/test_convergence_stability.py "
                      "tests/property/test_convergence_averaging.py tests/unit/test_convergence_parts.py")
-REAL_REFERENCES = "tests/real/test_references.py tests/real/test_replay_agreement.py"
+REFERENCES = "tests/real/test_references.py"
+PS_RUNS = " ".join(f"{REFERENCES}::{name}" for name in (
+    "test_synchronous_ps_equals_one_process_on_the_combined_batch",
+    "test_asynchronous_ps_with_one_worker_is_sequential_sgd",
+    "test_ssp_step_t_starts_only_after_every_push_t_minus_s_was_applied")) + " " + " ".join(
+    f'"tests/real/test_replay_agreement.py::test_replaying_a_runs_update_log_ends_at_its_final_parameters[{run}]"'
+    for run in ("ps_sync", "async", "ssp"))
+HOOK_RUNS = (f"{REFERENCES}::test_fp16_allreduce_is_the_reference_with_wire_values_rounded_to_fp16 "
+             f"{REFERENCES}::test_local_sgd_is_independent_local_steps_then_the_exact_mean_rounded_to_bf16 "
+             '"tests/real/test_schemes.py::test_outputs_in_the_simulator_schema_and_bytes_as_the_policy_counts'
+             '[allreduce]"')
 
 
 @dataclass(frozen=True)
@@ -71,14 +83,14 @@ TARGETS = {
     "syncsim/convergence/optimizer.py": Target((CONVERGENCE_TESTS,), 240),
     "syncsim/convergence/replay.py": Target((CONVERGENCE_TESTS,), 240),
     # the server's arithmetic and protocol in process first, then whole runs against the references
-    "real/server.py": Target(("tests/unit/test_real_server.py", REAL_REFERENCES), 300,
+    "real/server.py": Target(("tests/unit/test_real_server.py", PS_RUNS), 300,
                              frozenset({"shard_bounds", "__init__", "logs_updates", "run", "apply", "wake", "push",
                                         "wait", "pull"})),
     # the executor's arithmetic: what it averages, applies, pushes and loads (not tracing or fault injection)
-    "real/executor.py": Target((REAL_REFERENCES,), 300,
+    "real/executor.py": Target((REFERENCES,), 300,
                                frozenset({"flat_params", "average", "_load_flat", "push", "pull", "wait", "allreduce",
                                           "local_update", "_apply"})),
-    "real/hooks.py": Target((f"{REAL_REFERENCES} tests/real/test_schemes.py",), 400),
+    "real/hooks.py": Target((HOOK_RUNS,), 300),
     "syncsim/collectives.py": Target(("tests/property/test_collectives.py tests/property/test_overlap.py",), 120),
 }
 
@@ -109,9 +121,44 @@ def skip_outside(session: Path, functions: frozenset[str]) -> int:
     return skipped
 
 
-def run_module(module: str, target: Target, tree: Path, out: Path) -> dict:
+def reopen_survivors(session: Path) -> int:
+    """Make the mutants that survived the session's last run pending again; returns how many."""
+    from cosmic_ray.work_db import WorkDB, WorkResultStorage, use_db
+    from cosmic_ray.work_item import TestOutcome
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        survivors = [item.job_id for item, result in db.completed_work_items
+                     if result.test_outcome == TestOutcome.SURVIVED]
+        with db._session_maker.begin() as rows:  # cosmic-ray has no public call to forget one result
+            rows.query(WorkResultStorage).where(WorkResultStorage.job_id.in_(survivors)).delete()
+    return len(survivors)
+
+
+def run_module(module: str, target: Target, tree: Path, out: Path, recheck: bool = False) -> dict:
     name = module.replace("/", "_").removesuffix(".py")
     config, session = out / f"{name}.toml", out / f"{name}.sqlite"
+    env = dict(os.environ, PYTHONPATH=str(tree), HYPOTHESIS_PROFILE="mutation", OMP_NUM_THREADS="1")
+    env.pop("CI", None)
+
+    def cosmic(*args: str) -> None:
+        subprocess.run(list(args), cwd=tree, env=env, check=True)
+
+    if recheck:
+        if not session.exists():
+            raise SystemExit(f"{module}: no earlier session in {session} to recheck")
+        print(f"{module}: rechecking {reopen_survivors(session)} survivors", flush=True)
+    else:
+        init_session(module, target, tree, config, session, cosmic)
+    # the unmutated tree must pass, or every mutant would count as killed
+    baseline = subprocess.run(target.command(), shell=True, cwd=tree, env=env, capture_output=True, text=True)
+    if baseline.returncode != 0:
+        raise SystemExit(f"{module}: the tests fail without any mutant:\n{baseline.stdout[-3000:]}")
+    t0 = time.time()
+    cosmic("cosmic-ray", "exec", str(config), str(session))
+    return summarise(module, session, time.time() - t0)
+
+
+def init_session(module: str, target: Target, tree: Path, config: Path, session: Path, cosmic) -> None:
     config.write_text(
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(module)}\n"
@@ -122,23 +169,10 @@ def run_module(module: str, target: Target, tree: Path, out: Path) -> dict:
         "[cosmic-ray.filters.operators-filter]\n"
         f"exclude-operators = {json.dumps(EXCLUDED_OPERATORS)}\n")
     session.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(tree), HYPOTHESIS_PROFILE="mutation", OMP_NUM_THREADS="1")
-    env.pop("CI", None)
-
-    def cosmic(*args: str) -> None:
-        subprocess.run(list(args), cwd=tree, env=env, check=True)
-
     cosmic("cosmic-ray", "init", str(config), str(session))
     cosmic("cr-filter-operators", str(session), str(config))
     if target.functions:
         skip_outside(session, target.functions)
-    # the unmutated tree must pass, or every mutant would count as killed
-    baseline = subprocess.run(target.command(), shell=True, cwd=tree, env=env, capture_output=True, text=True)
-    if baseline.returncode != 0:
-        raise SystemExit(f"{module}: the tests fail without any mutant:\n{baseline.stdout[-3000:]}")
-    t0 = time.time()
-    cosmic("cosmic-ray", "exec", str(config), str(session))
-    return summarise(module, session, time.time() - t0)
 
 
 def summarise(module: str, session: Path, seconds: float) -> dict:
@@ -190,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(TARGETS)}")
     parser.add_argument("--out", default=str(ROOT / "results" / "mutation"), help="sessions and results")
+    parser.add_argument("--recheck", action="store_true",
+                        help="rerun only the last session's survivors, against the tests as they are now")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in TARGETS]
     if unknown:
@@ -205,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = Path(tmp)
         scratch_copy(tree)
         for module in args.modules or list(TARGETS):
-            result = run_module(module, TARGETS[module], tree, out)
+            result = run_module(module, TARGETS[module], tree, out, args.recheck)
             (out / (re.sub(r"\W", "_", module) + ".json")).write_text(json.dumps(result, indent=1))
             results.append(result)
             print(report([result]), flush=True)
