@@ -69,6 +69,11 @@ def test_problems_reject_bad_fields_by_name():
         LogisticRegression(features=0, samples=10)
     with pytest.raises(ValueError, match="SGD.momentum"):
         SGD(lr=0.1, momentum=1.0)
+    with pytest.raises(ValueError, match="SGD.momentum"):
+        SGD(lr=0.1, momentum=-0.5)
+    with pytest.raises(ValueError, match="SGD.lr"):
+        SGD(lr=0.0)
+    assert SGD(lr=1e-9, momentum=0.0).momentum == 0.0  # the edges that are allowed
     with pytest.raises(ValueError, match="LossScaling.backoff_factor"):
         LossScaling(backoff_factor=1.5)
     with pytest.raises(ValueError, match="Wire.precision"):
