@@ -88,12 +88,6 @@ def wire_sum(tensors, dtype: torch.dtype) -> torch.Tensor:
     return total.float()
 
 
-def final(run, rank: int) -> torch.Tensor:
-    """A rank's saved final parameters, flat: a worker's state dict, or a server's shard."""
-    saved = torch.load(run.out / "ranks" / f"params-rank{rank}.pt")
-    return torch.cat([v.reshape(-1) for v in saved.values()]) if isinstance(saved, dict) else saved
-
-
 def combined_batch_sgd(args: tuple, lr: float) -> torch.Tensor:
     """One process, one model, SGD on the union of the step's W batches."""
     model, world, steps, size = setting(args)
@@ -118,7 +112,7 @@ def test_synchronous_ps_equals_one_process_on_the_combined_batch(real_run):
     world = int(option(PS_SYNC, "--world"))
     want = combined_batch_sgd(PS_SYNC, lr_of(run))
     for rank in range(world + 1):  # every worker's last pull, and the server's own shard
-        torch.testing.assert_close(final(run, rank), want, rtol=0, atol=COMBINED, msg=f"rank {rank}")
+        torch.testing.assert_close(run.params(rank), want, rtol=0, atol=COMBINED, msg=f"rank {rank}")
 
 
 # -- local SGD -----------------------------------------------------------------------------
@@ -129,7 +123,7 @@ def test_local_sgd_with_period_one_equals_the_combined_batch(real_run):
     run = real_run(*LOCAL_ONE)
     want = combined_batch_sgd(LOCAL_ONE, lr_of(run))
     for rank in range(int(option(LOCAL_ONE, "--world"))):
-        torch.testing.assert_close(final(run, rank), want, rtol=0, atol=COMBINED, msg=f"rank {rank}")
+        torch.testing.assert_close(run.params(rank), want, rtol=0, atol=COMBINED, msg=f"rank {rank}")
 
 
 def local_sgd(args: tuple, lr: float, warmup: int, average_after: set[int], dtype: torch.dtype) -> torch.Tensor:
@@ -171,13 +165,13 @@ def test_local_sgd_is_independent_local_steps_then_the_exact_mean_rounded_to_bf1
     lr, world = lr_of(run), int(option(LOCAL, "--world"))
     want = local_sgd(LOCAL, lr, warmup=1, average_after={3, 6}, dtype=torch.bfloat16)
     for rank in range(world):
-        torch.testing.assert_close(final(run, rank), want, rtol=0, atol=SAME_KERNELS, msg=f"rank {rank}")
+        torch.testing.assert_close(run.params(rank), want, rtol=0, atol=SAME_KERNELS, msg=f"rank {rank}")
     # The averaged values crossed the wire in bf16: their sum is on bf16's grid.
-    summed = final(run, 0) * world
+    summed = run.params(0) * world
     assert torch.equal(summed.to(torch.bfloat16).float(), summed)
     # ...and the reference tells a wire in fp32 apart (so the check above could fail).
     unrounded = local_sgd(LOCAL, lr, warmup=1, average_after={3, 6}, dtype=torch.float32)
-    assert (final(run, 0) - unrounded).abs().max() > 100 * SAME_KERNELS
+    assert (run.params(0) - unrounded).abs().max() > 100 * SAME_KERNELS
 
 
 # -- asynchronous parameter server -----------------------------------------------------------
@@ -191,7 +185,7 @@ def test_asynchronous_ps_with_one_worker_is_sequential_sgd(real_run):
     for t in range(steps):
         descend(net, gradient(net, *batch(data, 0, t, 1, size)), lr_of(run))
     for rank in (0, 1):  # the worker's last pull, and the server's shard
-        torch.testing.assert_close(final(run, rank), flat(net), rtol=0, atol=SAME_KERNELS, msg=f"rank {rank}")
+        torch.testing.assert_close(run.params(rank), flat(net), rtol=0, atol=SAME_KERNELS, msg=f"rank {rank}")
 
 
 # -- 16-bit communication ------------------------------------------------------------------------
@@ -213,9 +207,9 @@ def test_fp16_allreduce_is_the_reference_with_wire_values_rounded_to_fp16(real_r
         return flat(net)
 
     for rank in range(world):
-        torch.testing.assert_close(final(run, rank), reference(torch.float16), rtol=0, atol=SAME_KERNELS)
+        torch.testing.assert_close(run.params(rank), reference(torch.float16), rtol=0, atol=SAME_KERNELS)
     # the rounding is visible at this tolerance: an fp32 wire lands elsewhere
-    assert (final(run, 0) - reference(torch.float32)).abs().max() > 10 * SAME_KERNELS
+    assert (run.params(0) - reference(torch.float32)).abs().max() > 10 * SAME_KERNELS
 
 
 # -- stale synchronous parallel -----------------------------------------------------------------------

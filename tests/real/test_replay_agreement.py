@@ -34,7 +34,6 @@ import torch
 from real.replay import TorchProblem, load_log
 from syncsim.convergence import Replayer
 from tests.real.runs import ASYNC, FP16, LOCAL, PS_SYNC, SSP
-from tests.real.test_references import final
 
 pytestmark = pytest.mark.distributed
 
@@ -53,7 +52,7 @@ def test_replaying_a_runs_update_log_ends_at_its_final_parameters(real_run, name
     assert replayer.version == len(set(run.updates.version_applied)) and replayer.skipped == 0
     replayed = torch.from_numpy(replayer.parameters()).float()
     # the authoritative parameters: the server's shard (one server), or the replicas' common value
-    real = final(run, config["world"] if config["servers"] else 0)
+    real = run.params(config["world"] if config["servers"] else 0)
     off = (replayed - real).abs()
     one_step = real.abs() * WIRE_STEP[load_log(run.out).scheme.precision] + DRIFT
     assert (off <= one_step).all(), f"{int((off > one_step).sum())} elements off, worst {float(off.max()):.3g}"
