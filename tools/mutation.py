@@ -19,13 +19,15 @@ the same line measure too), and they would double the run's length.
 Needs ``pip install -e ".[mutation]"`` (cosmic-ray). Slow (hours for all
 modules on two cores): run it at low priority, one module at a time while
 iterating, e.g. ``nice -n 10 python tools/mutation.py syncsim/network.py``.
-After adding tests, ``--recheck`` reruns only the previous session's survivors
-(valid while the mutated module itself is unchanged).
+A stopped run resumes where it stopped (sessions live in ``--out``, one per
+module, valid while the module's text is unchanged; ``--fresh`` starts over),
+and after adding tests ``--recheck`` reruns only the previous survivors.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -134,7 +136,8 @@ def reopen_survivors(session: Path) -> int:
     return len(survivors)
 
 
-def run_module(module: str, target: Target, tree: Path, out: Path, recheck: bool = False) -> dict:
+def run_module(module: str, target: Target, tree: Path, out: Path, recheck: bool = False,
+               fresh: bool = False) -> dict:
     name = module.replace("/", "_").removesuffix(".py")
     config, session = out / f"{name}.toml", out / f"{name}.sqlite"
     env = dict(os.environ, PYTHONPATH=str(tree), HYPOTHESIS_PROFILE="mutation", OMP_NUM_THREADS="1")
@@ -143,12 +146,19 @@ def run_module(module: str, target: Target, tree: Path, out: Path, recheck: bool
     def cosmic(*args: str) -> None:
         subprocess.run(list(args), cwd=tree, env=env, check=True)
 
+    # a session belongs to one version of the module: its mutants are positions in that text
+    digest = hashlib.sha256((tree / module).read_bytes()).hexdigest()
+    stamp = out / f"{name}.sha256"
+    current = session.exists() and stamp.exists() and stamp.read_text() == digest
     if recheck:
-        if not session.exists():
-            raise SystemExit(f"{module}: no earlier session in {session} to recheck")
+        if not current:
+            raise SystemExit(f"{module}: no session of this version of the module in {out} to recheck")
         print(f"{module}: rechecking {reopen_survivors(session)} survivors", flush=True)
+    elif current and not fresh:
+        print(f"{module}: resuming the session in {session}", flush=True)
     else:
         init_session(module, target, tree, config, session, cosmic)
+        stamp.write_text(digest)
     # the unmutated tree must pass, or every mutant would count as killed
     baseline = subprocess.run(target.command(), shell=True, cwd=tree, env=env, capture_output=True, text=True)
     if baseline.returncode != 0:
@@ -226,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "results" / "mutation"), help="sessions and results")
     parser.add_argument("--recheck", action="store_true",
                         help="rerun only the last session's survivors, against the tests as they are now")
+    parser.add_argument("--fresh", action="store_true", help="start over instead of resuming an unfinished session")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in TARGETS]
     if unknown:
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = Path(tmp)
         scratch_copy(tree)
         for module in args.modules or list(TARGETS):
-            result = run_module(module, TARGETS[module], tree, out, args.recheck)
+            result = run_module(module, TARGETS[module], tree, out, args.recheck, args.fresh)
             (out / (re.sub(r"\W", "_", module) + ".json")).write_text(json.dumps(result, indent=1))
             results.append(result)
             print(report([result]), flush=True)

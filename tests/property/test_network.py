@@ -1,5 +1,6 @@
 """Processor-sharing links: the virtual-time link against a brute-force reference."""
 
+import pytest
 import simpy
 from hypothesis import given
 from hypothesis import strategies as st
@@ -46,6 +47,19 @@ def reference(flows, bandwidth, cap=float("inf")):
             i = pending.pop(0)
             remaining[i] = flows[i][1]
     return finish
+
+
+def test_a_link_counts_its_flows_and_bytes_and_needs_bandwidth():
+    with pytest.raises(ValueError, match="bandwidth must be > 0, got 0.0"):
+        SharedLink(simpy.Environment(), 0.0)
+    env = simpy.Environment()
+    link = SharedLink(env, 1e6)
+    flows = [link.transfer(n) for n in (1e6, 2e6, 0.0, -5.0)]
+    # a transfer of no bytes completes at once and never joins the link
+    assert not flows[0].triggered and flows[2].triggered and flows[3].triggered
+    assert link.active == 2 and link.peak_flows == 2 and link.bytes_served == 3e6
+    env.run()
+    assert link.active == 0 and link.peak_flows == 2 and env.now == approx(3.0)
 
 
 def test_two_equal_flows_take_twice_as_long():

@@ -71,11 +71,11 @@ def stop(world):
     return [(w, HEADER, header(STOP, -1)) for w in range(world)]
 
 
-def serve(monkeypatch, script, world=2, servers=1, index=0, params=None, wire=torch.float32):
+def serve(monkeypatch, script, world=2, servers=1, index=0, params=None, wire=torch.float32, **options):
     params = torch.tensor([1.0, -2.0, 3.0, 0.25, -0.5]) if params is None else params
     fake = Wire(script)
     monkeypatch.setattr(server_module, "dist", fake)
-    server = Server(world + index, world, servers, params, LR, wire, Recorder(0.0))
+    server = Server(world + index, world, servers, params, LR, wire, Recorder(0.0), **options)
     server.run()
     assert fake.script == [], "the server stopped before the script ended"
     return server, fake.sent, params
@@ -143,6 +143,20 @@ def test_pulls_reply_in_the_wire_precision_and_pushes_arrive_in_it(monkeypatch):
     assert reply.dtype == torch.bfloat16 and torch.equal(reply, x0.to(torch.bfloat16))
     # the master shard stays fp32: the update lands on the unrounded values
     torch.testing.assert_close(server.shard, x0 - LR / 2 * g.float(), rtol=0, atol=1e-7)
+
+
+def test_an_unknown_message_is_an_error_naming_it(monkeypatch):
+    with pytest.raises(RuntimeError, match="unknown message 0 from rank 1"):
+        serve(monkeypatch, [(1, HEADER, header(0))])
+
+
+def test_the_server_reports_the_latest_step_pushed(monkeypatch):
+    # the step a failure message names (real.worker) and the progress file records
+    seen = []
+    g = torch.ones(5)
+    server, _, _ = serve(monkeypatch, [*push(0, 0, g, False), *push(0, 2, g, False), *push(1, 1, g, False),
+                                       *stop(2)], progress=seen.append)
+    assert server.step == 2 and seen == [0, 2]
 
 
 @pytest.mark.parametrize("numel,servers", [(1, 1), (7, 2), (10, 3), (5, 5), (101_770, 4), (3, 4)])
