@@ -54,12 +54,13 @@ def test_a_link_counts_its_flows_and_bytes_and_needs_bandwidth():
         SharedLink(simpy.Environment(), 0.0)
     env = simpy.Environment()
     link = SharedLink(env, 1e6)
-    flows = [link.transfer(n) for n in (1e6, 2e6, 0.0, -5.0)]
-    # a transfer of no bytes completes at once and never joins the link
-    assert not flows[0].triggered and flows[2].triggered and flows[3].triggered
-    assert link.active == 2 and link.peak_flows == 2 and link.bytes_served == 3e6
+    assert link.active == 0 and link.peak_flows == 0 and link.bytes_served == 0
+    flows = [link.transfer(n) for n in (1e6, 2e6, 1.0, 0.0, -5.0)]
+    # a transfer of no bytes completes at once and never joins the link; a single byte does join it
+    assert [f.triggered for f in flows] == [False, False, False, True, True]
+    assert link.active == 3 and link.peak_flows == 3 and link.bytes_served == 3e6 + 1
     env.run()
-    assert link.active == 0 and link.peak_flows == 2 and env.now == approx(3.0)
+    assert link.active == 0 and link.peak_flows == 3 and env.now == approx(3.000001)
 
 
 def test_two_equal_flows_take_twice_as_long():

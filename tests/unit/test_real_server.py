@@ -159,6 +159,15 @@ def test_the_server_reports_the_latest_step_pushed(monkeypatch):
     assert server.step == 2 and seen == [0, 2]
 
 
+def test_a_slow_server_sleeps_factor_minus_one_times_its_work(monkeypatch):
+    # --slow RANK:F on a server rank: each push takes F times as long (the work, then (F-1)x the work asleep)
+    clock, slept = iter([10.0, 10.5]), []
+    monkeypatch.setattr(server_module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(server_module.time, "sleep", slept.append)
+    serve(monkeypatch, [*push(0, 0, torch.ones(5), False), *stop(2)], slow=3.0)
+    assert slept == [1.0]
+
+
 @pytest.mark.parametrize("numel,servers", [(1, 1), (7, 2), (10, 3), (5, 5), (101_770, 4), (3, 4)])
 def test_shards_are_contiguous_cover_everything_and_differ_by_at_most_one(numel, servers):
     bounds = shard_bounds(numel, servers)
