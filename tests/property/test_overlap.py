@@ -8,7 +8,7 @@ stream per communicator), each starting at the later of its readiness and the
 previous bucket's end; the step ends when the last bucket does. Without
 overlap every bucket waits for the end of backward. Only the cost of one
 bucket's all-reduce comes from the project (``syncsim.collectives.
-allreduce_time``, what the communicator charges per bucket), so these tests
+allreduce_time``: the seconds of the ``choose`` the communicator charges per bucket), so these tests
 check the schedule — readiness, serialisation, overlap with backward — and
 not the collective's formula, which tests/property/test_collectives.py checks.
 """
@@ -144,5 +144,5 @@ def test_step_time_equals_the_brute_force_schedule_on_random_layouts(layers, cap
             members, filled = [], 0.0
     assert not members and len(buckets) == len(action.buckets)
     _, end = brute_force_step(layers, buckets, compute, fraction, overlap,
-                              lambda nbytes: allreduce_time("ring", nbytes, cluster))
+                              lambda nbytes: allreduce_time(scheme.algorithm, nbytes, cluster))
     assert simulated(cluster, layers, compute, fraction, scheme, steps=2).step_time == pytest.approx(end, rel=1e-12)
