@@ -56,6 +56,10 @@ CONVERGENCE_TESTS = ("tests/property/test_convergence_sync.py tests/property/tes
                      "tests/property/test_convergence_scaling.py tests/property/test_convergence_stability.py "
                      "tests/property/test_convergence_averaging.py tests/unit/test_convergence_parts.py")
 REFERENCES = "tests/real/test_references.py"
+# the executor's byte counts are checked against the policy's (test_schemes), its arithmetic against the references
+EXECUTOR_RUNS = REFERENCES + " " + " ".join(
+    f'"tests/real/test_schemes.py::test_outputs_in_the_simulator_schema_and_bytes_as_the_policy_counts[{run}]"'
+    for run in ("allreduce", "ps_sync", "async", "localsgd"))
 HOOK_RUNS = (f"{REFERENCES}::test_fp16_allreduce_is_the_reference_with_wire_values_rounded_to_fp16 "
              f"{REFERENCES}::test_local_sgd_is_independent_local_steps_then_the_exact_mean_rounded_to_bf16 "
              '"tests/real/test_schemes.py::test_outputs_in_the_simulator_schema_and_bytes_as_the_policy_counts'
@@ -84,7 +88,7 @@ TARGETS = {
                              frozenset({"shard_bounds", "__init__", "logs_updates", "run", "apply", "wake", "push",
                                         "wait", "pull"})),
     # the executor's arithmetic: what it averages, applies, pushes and loads (not tracing or fault injection)
-    "real/executor.py": Target((REFERENCES,),
+    "real/executor.py": Target((EXECUTOR_RUNS,),
                                frozenset({"flat_params", "average", "_load_flat", "push", "pull", "wait", "allreduce",
                                           "local_update", "_apply"})),
     "real/hooks.py": Target((HOOK_RUNS,)),

@@ -53,7 +53,8 @@ def test_overlapped_buckets_launch_as_they_become_ready():
     assert state.first_ready <= state.last_ready
 
 
-def test_held_buckets_launch_together_once_the_last_is_ready():
+def test_held_buckets_launch_together_once_the_last_is_ready(monkeypatch):
+    monkeypatch.setattr("real.hooks.time.time", iter([1.0, 2.0, 3.0]).__next__)  # each bucket's readiness
     state, launched = recording_state("bf16", defer=True)
     buckets = [Bucket([1.0, 2.0, 3.0], False), Bucket([4.0], False), Bucket([5.0, 6.0], True)]
     futures = [counting_hook(state, buckets[0]), counting_hook(state, buckets[1])]
@@ -62,6 +63,11 @@ def test_held_buckets_launch_together_once_the_last_is_ready():
     assert launched == buckets  # all of them, in bucket order
     assert [f.wait().tolist() for f in futures] == [[10.0, 20.0, 30.0], [40.0], [50.0, 60.0]]
     assert state.buckets == [6, 2, 4] and state.bytes == 12 and state.held == []  # bf16: two bytes a value
+    assert (state.first_ready, state.last_ready) == (1.0, 3.0)
+
+
+def test_overlap_is_the_default_until_a_step_says_otherwise():
+    assert CountingHookState(process_group=None, precision="fp32").defer is False
 
 
 def test_reset_forgets_the_last_step():

@@ -16,7 +16,7 @@ import real.server as server_module
 from real.server import HEADER, PAYLOAD, PULL, PUSH, REPLY, STOP, WAIT, WAKE, Client, Server, shard_bounds
 from real.trace import Recorder
 
-LR = 0.5
+LR = 0.3  # not 0.5: with W = 2, lr/W would equal lr**W
 
 
 class Wire:
@@ -25,10 +25,12 @@ class Wire:
     def __init__(self, script=()):
         self.script = list(script)
         self.sent = []
+        self.pending = []
 
     def recv(self, tensor, src=None, tag=None):
         frm, want_tag, value = self.script.pop(0)
         assert tag == want_tag and src in (None, frm), (frm, want_tag, src, tag)
+        assert tensor.shape == value.shape, "gloo needs a receive buffer of the message's size"
         tensor.copy_(value)
         return frm
 
@@ -36,18 +38,33 @@ class Wire:
         self.sent.append((dst, tag, tensor.clone()))
 
     def isend(self, tensor, dst, tag):
-        self.send(tensor, dst, tag)
-        return Done()
+        return self.work(lambda: self.send(tensor, dst, tag))
 
     def irecv(self, tensor, src, tag):
         frm, want_tag, value = self.script.pop(0)
         assert (frm, want_tag) == (src, tag), (frm, want_tag, src, tag)
-        tensor.copy_(value)
-        return Done()
+        assert tensor.shape == value.shape, "gloo needs a receive buffer of the message's size"
+        return self.work(lambda: tensor.copy_(value))
+
+    def work(self, complete):
+        """A request that completes — its message sent, or its buffer filled — when waited on."""
+        work = Work(complete)
+        self.pending.append(work)
+        return work
+
+    @property
+    def unfinished(self) -> int:
+        return sum(not w.done for w in self.pending)
 
 
-class Done:
+class Work:
+    def __init__(self, complete):
+        self.complete, self.done = complete, False
+
     def wait(self):
+        if not self.done:
+            self.complete()
+            self.done = True
         return True
 
 
@@ -178,26 +195,28 @@ def test_shards_are_contiguous_cover_everything_and_differ_by_at_most_one(numel,
 
 
 def test_the_client_shards_pushes_and_assembles_pulls(monkeypatch):
-    fake = Wire([(2, REPLY, torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)),
-                 (3, REPLY, torch.tensor([4.0, 5.0], dtype=torch.float16))])
+    shards = [[1.0, 2.0], [3.0, 4.0], [5.0]]  # 5 values over 3 servers (ranks 2, 3, 4)
+    fake = Wire([(2 + k, REPLY, torch.tensor(v, dtype=torch.float16)) for k, v in enumerate(shards)])
     monkeypatch.setattr(server_module, "dist", fake)
-    client = Client(world=2, servers=2, numel=5, wire_dtype=torch.float16)
+    client = Client(world=2, servers=3, numel=5, wire_dtype=torch.float16)
     grad = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
     assert client.push(grad, step=3, aggregate=True) == 5 * 2  # fp16: two bytes a value
+    assert fake.unfinished == 0  # every send completed before push returns
     headers = [(dst, [int(v) for v in t]) for dst, tag, t in fake.sent if tag == HEADER]
-    assert headers == [(2, [PUSH, 3, 1]), (3, [PUSH, 3, 1])]
+    assert headers == [(2, [PUSH, 3, 1]), (3, [PUSH, 3, 1]), (4, [PUSH, 3, 1])]
     payloads = [(dst, t) for dst, tag, t in fake.sent if tag == PAYLOAD]
-    assert [dst for dst, _ in payloads] == [2, 3]
+    assert [dst for dst, _ in payloads] == [2, 3, 4] and [len(t) for _, t in payloads] == [2, 2, 1]
     assert torch.equal(torch.cat([t for _, t in payloads]), grad.to(torch.float16))
     fake.sent.clear()
     flat, nbytes = client.pull(step=3)
+    assert fake.unfinished == 0  # every shard arrived before pull returns
     assert nbytes == 10 and flat.dtype == torch.float32 and flat.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert [(dst, [int(v) for v in t]) for dst, _, t in fake.sent] == [(2, [PULL, 3, 0]), (3, [PULL, 3, 0])]
+    assert [(dst, [int(v) for v in t]) for dst, _, t in fake.sent] == [(k, [PULL, 3, 0]) for k in (2, 3, 4)]
 
 
 def test_the_client_waits_for_every_server_with_its_threshold(monkeypatch):
-    fake = Wire([(1, WAKE, torch.tensor([5])), (2, WAKE, torch.tensor([5]))])
+    fake = Wire([(1, WAKE, torch.tensor([5])), (2, WAKE, torch.tensor([5]))])  # one int each
     monkeypatch.setattr(server_module, "dist", fake)
     Client(world=1, servers=2, numel=4, wire_dtype=torch.float32).wait(step=6, threshold=4)
     assert [(dst, [int(v) for v in t]) for dst, _, t in fake.sent] == [(1, [WAIT, 6, 4]), (2, [WAIT, 6, 4])]
-    assert fake.script == []
+    assert fake.script == [] and fake.unfinished == 0
