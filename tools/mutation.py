@@ -54,7 +54,8 @@ EXCLUDED_OPERATORS = [
 
 CONVERGENCE_TESTS = ("tests/property/test_convergence_sync.py tests/property/test_convergence_ps.py "
                      "tests/property/test_convergence_scaling.py tests/property/test_convergence_stability.py "
-                     "tests/property/test_convergence_averaging.py tests/unit/test_convergence_parts.py")
+                     "tests/property/test_convergence_averaging.py tests/unit/test_convergence_parts.py "
+                     "tests/unit/test_update_log.py")
 REFERENCES = "tests/real/test_references.py"
 # the executor's byte counts are checked against the policy's (test_schemes), its arithmetic against the references
 EXECUTOR_RUNS = REFERENCES + " " + " ".join(

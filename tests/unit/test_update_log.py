@@ -1,0 +1,70 @@
+"""UpdateLog: what a replay reads from a run, and the clear errors a malformed log gets.
+
+A real run's updates.csv is replayed like a simulation's table, so a log that
+cannot be a run — a collective a worker never joined, a worker joining twice,
+a version skipped, a gradient reading a version not yet made — must stop the
+replay with a message that says what is wrong, not replay something else.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from syncsim import Cluster, Link, Workload, simulate
+from syncsim.convergence import Quadratic, Replayer, UpdateLog
+from syncsim.recorder import UPDATE_COLUMNS
+from syncsim.schemes import parse
+
+PROBLEM = Quadratic((1.0, 2.0))
+
+
+def log(scheme: str, workers: int, steps: int, rows: list[tuple[int, int, int, int]]) -> UpdateLog:
+    """An UpdateLog of (worker, step, version_read, version_applied) rows, applied a second apart."""
+    table = pd.DataFrame([(w, t, r, a, a - r, float(i)) for i, (w, t, r, a) in enumerate(rows)],
+                         columns=list(UPDATE_COLUMNS))
+    return UpdateLog(parse(scheme).policy(16.0), workers, steps, 2, table)
+
+
+def test_a_simulation_and_its_log_replay_the_same():
+    result = simulate(Cluster.homogeneous(3, Link("1GB/s"), servers=1), Workload(64.0, 0.01, batch_size=2),
+                      "ps:mode=async", steps=4)
+    from_result = Replayer(result, PROBLEM, lr=0.1).run()
+    from_log = Replayer(UpdateLog.of(result), PROBLEM, lr=0.1).run()
+    assert (from_result.parameters() == from_log.parameters()).all()
+    assert UpdateLog.of(result).versions == result.versions == 12
+
+
+def test_a_table_that_ends_inside_a_collective():
+    with pytest.raises(RuntimeError, match=r"ends inside a collective: 1 of 2 workers joined"):
+        Replayer(log("allreduce", 2, 1, [(0, 0, 0, 0)]), PROBLEM, lr=0.1).run()
+
+
+def test_a_collective_joined_twice_by_one_worker():
+    with pytest.raises(RuntimeError, match=r"joined by workers \[0, 0\], not each worker once"):
+        Replayer(log("allreduce", 2, 2, [(0, 0, 0, 0), (0, 1, 0, 0)]), PROBLEM, lr=0.1).run()
+
+
+def test_a_skipped_version():
+    with pytest.raises(RuntimeError, match="replay is at version 1 but the updates table applies to 2"):
+        Replayer(log("ps:mode=async", 1, 2, [(0, 0, 0, 0), (0, 1, 1, 2)]), PROBLEM, lr=0.1).run()
+
+
+def test_a_gradient_reading_a_version_not_yet_made():
+    # step 1 claims to read version 2 while the servers are at version 1 (and keep only it)
+    with pytest.raises(RuntimeError, match=r"reads version 2 but the replay keeps versions 1\.\.1"):
+        Replayer(log("ps:mode=async", 1, 2, [(0, 0, 0, 0), (0, 1, 2, 1)]), PROBLEM, lr=0.1).run()
+
+
+def test_bad_logs_are_refused_by_field():
+    policy = parse("allreduce").policy(16.0)
+    table = pd.DataFrame(columns=list(UPDATE_COLUMNS))
+    with pytest.raises(ValueError, match="UpdateLog.workers must be an integer >= 1"):
+        UpdateLog(policy, 0, 1, 1, table)
+    with pytest.raises(ValueError, match="missing staleness, time_applied"):
+        UpdateLog(policy, 1, 1, 1, table.drop(columns=["staleness", "time_applied"]))
+    with pytest.raises(ValueError, match="UpdateLog.policy must be a syncsim.schemes.Policy, got str"):
+        UpdateLog("allreduce", 1, 1, 1, table)
+    with pytest.raises(ValueError, match="a SimResult from syncsim.simulate or an UpdateLog, got DataFrame"):
+        Replayer(table, PROBLEM, lr=0.1)
+    assert UpdateLog(policy, 1, 1, 1, table).versions == 0
