@@ -142,12 +142,23 @@ def test_a_wait_is_answered_once_the_slowest_clock_reaches_its_threshold(monkeyp
     assert [int(t) for _, t, _ in sent] == [WAKE, WAKE, WAKE]
 
 
+def test_a_wait_already_satisfied_is_answered_once(monkeypatch):
+    g = torch.ones(5)
+    script = [*push(0, 0, g, False), *push(1, 0, g, False), *push(0, 1, g, False), *push(1, 1, g, False),
+              *wait(0, 1), *push(0, 2, g, False), *stop(2)]
+    _, sent, _ = serve(monkeypatch, script)
+    # the slowest clock (2) is past the threshold (1) when the wait arrives: one answer, and no second
+    # one when the next push wakes the waiters again
+    assert [(dst, int(v)) for dst, v in replies(sent, WAKE)] == [(0, 4)]
+
+
 def test_a_server_holds_its_shard_and_only_the_first_logs_updates(monkeypatch):
     params = torch.arange(7, dtype=torch.float32)
     g = torch.tensor([4.0, 8.0, 12.0])  # shard 1 of 7 elements over 2 servers is [4, 7)
-    server, sent, _ = serve(monkeypatch, [*push(0, 0, g, False), *pull(0), *stop(2)], servers=2, index=1,
-                            params=params)
-    torch.testing.assert_close(server.shard, params[4:7] - LR / 2 * g, rtol=0, atol=1e-7)
+    # one worker (rank 0), two servers (ranks 1 and 2): the second server is rank 2, shard index 1
+    server, sent, _ = serve(monkeypatch, [*push(0, 0, g, False), *pull(0), *stop(1)], world=1, servers=2,
+                            index=1, params=params)
+    torch.testing.assert_close(server.shard, params[4:7] - LR * g, rtol=0, atol=1e-7)
     assert server.recorder.updates == [] and server.version == 1
 
 
@@ -162,27 +173,30 @@ def test_pulls_reply_in_the_wire_precision_and_pushes_arrive_in_it(monkeypatch):
     torch.testing.assert_close(server.shard, x0 - LR / 2 * g.float(), rtol=0, atol=1e-7)
 
 
-def test_an_unknown_message_is_an_error_naming_it(monkeypatch):
-    with pytest.raises(RuntimeError, match="unknown message 0 from rank 1"):
-        serve(monkeypatch, [(1, HEADER, header(0))])
+@pytest.mark.parametrize("op", [0, STOP + 1])
+def test_an_unknown_message_is_an_error_naming_it(monkeypatch, op):
+    with pytest.raises(RuntimeError, match=f"unknown message {op} from rank 1"):
+        serve(monkeypatch, [(1, HEADER, header(op))])
 
 
 def test_the_server_reports_the_latest_step_pushed(monkeypatch):
     # the step a failure message names (real.worker) and the progress file records
     seen = []
     g = torch.ones(5)
-    server, _, _ = serve(monkeypatch, [*push(0, 0, g, False), *push(0, 2, g, False), *push(1, 1, g, False),
-                                       *stop(2)], progress=seen.append)
-    assert server.step == 2 and seen == [0, 2]
+    server, _, _ = serve(monkeypatch, [*push(0, 0, g, False), *push(1, 0, g, False), *push(0, 2, g, False),
+                                       *push(1, 1, g, False), *stop(2)], progress=seen.append)
+    assert server.step == 2 and seen == [0, 2]  # each new latest step once
 
 
-def test_a_slow_server_sleeps_factor_minus_one_times_its_work(monkeypatch):
-    # --slow RANK:F on a server rank: each push takes F times as long (the work, then (F-1)x the work asleep)
-    clock, slept = iter([10.0, 10.5]), []
+@pytest.mark.parametrize("slow,expected", [(1.0, []), (1.5, [2.5])])
+def test_a_slow_server_sleeps_factor_minus_one_times_its_work(monkeypatch, slow, expected):
+    # --slow RANK:F on a server rank: each push takes F times as long (the work, then (F-1)x the work
+    # asleep); F = 1 (every server not named) never sleeps
+    clock, slept = iter([4.0, 9.0]), []
     monkeypatch.setattr(server_module.time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(server_module.time, "sleep", slept.append)
-    serve(monkeypatch, [*push(0, 0, torch.ones(5), False), *stop(2)], slow=3.0)
-    assert slept == [1.0]
+    serve(monkeypatch, [*push(0, 0, torch.ones(5), False), *stop(2)], slow=slow)
+    assert slept == expected
 
 
 @pytest.mark.parametrize("numel,servers", [(1, 1), (7, 2), (10, 3), (5, 5), (101_770, 4), (3, 4)])
