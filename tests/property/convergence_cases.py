@@ -31,9 +31,9 @@ def run(workers, batch, scheme, steps, seed=0, jitter=0.0, straggler_prob=0.0, s
                     steps=steps, seed=seed)
 
 
-def versions(result, problem, lr, momentum=0.0, seed=0) -> list[np.ndarray]:
+def versions(result, problem, lr, momentum=0.0, seed=0, scaling=None) -> list[np.ndarray]:
     """The authoritative parameters at version 0, 1, 2, ... of a replay."""
-    replayer = Replayer(result, problem, lr, momentum, seed)
+    replayer = Replayer(result, problem, lr, momentum, seed, scaling)
     states = [replayer.parameters().copy()]
     replayer.run(on_version=lambda v, t, n: states.append(replayer.parameters().copy()) and False)
     return states

@@ -40,9 +40,10 @@ def test_a_table_that_ends_inside_a_collective():
         Replayer(log("allreduce", 2, 1, [(0, 0, 0, 0)]), PROBLEM, lr=0.1).run()
 
 
-def test_a_collective_joined_twice_by_one_worker():
-    with pytest.raises(RuntimeError, match=r"joined by workers \[0, 0\], not each worker once"):
-        Replayer(log("allreduce", 2, 2, [(0, 0, 0, 0), (0, 1, 0, 0)]), PROBLEM, lr=0.1).run()
+@pytest.mark.parametrize("worker", [0, 1])
+def test_a_collective_joined_twice_by_one_worker(worker):
+    with pytest.raises(RuntimeError, match=rf"joined by workers \[{worker}, {worker}\], not each worker once"):
+        Replayer(log("allreduce", 2, 2, [(worker, 0, 0, 0), (worker, 1, 0, 0)]), PROBLEM, lr=0.1).run()
 
 
 def test_a_skipped_version():
