@@ -95,7 +95,7 @@ TARGETS = {
     "real/executor.py": Target((EXECUTOR_RUNS,),
                                frozenset({"flat_params", "average", "_load_flat", "push", "pull", "wait", "allreduce",
                                           "local_update", "_apply"})),
-    "real/hooks.py": Target((HOOK_RUNS,)),
+    "real/hooks.py": Target(("tests/unit/test_real_hooks.py", HOOK_RUNS)),
     "syncsim/collectives.py": Target(("tests/property/test_collectives.py tests/property/test_overlap.py",)),
 }
 
