@@ -69,3 +69,11 @@ def test_bad_logs_are_refused_by_field():
     with pytest.raises(ValueError, match="a SimResult from syncsim.simulate or an UpdateLog, got DataFrame"):
         Replayer(table, PROBLEM, lr=0.1)
     assert UpdateLog(policy, 1, 1, 1, table).versions == 0
+
+
+def test_a_replay_may_give_the_problem_its_own_batch_size():
+    result = simulate(Cluster.homogeneous(2, Link("1GB/s")), Workload(64.0, 0.01, batch_size=8), "allreduce", steps=2)
+    assert len(Replayer(result, PROBLEM, lr=0.1, batch_size=1).sampler.indices(0, 0)) == 1
+    assert len(Replayer(result, PROBLEM, lr=0.1).sampler.indices(0, 0)) == 8
+    with pytest.raises(ValueError, match="replay.batch_size must be an integer >= 1, got 0"):
+        Replayer(result, PROBLEM, lr=0.1, batch_size=0)
