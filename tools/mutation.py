@@ -92,7 +92,7 @@ TARGETS = {
                              frozenset({"shard_bounds", "__init__", "logs_updates", "run", "apply", "wake", "push",
                                         "wait", "pull"})),
     # the executor's arithmetic: what it averages, applies, pushes and loads (not tracing or fault injection)
-    "real/executor.py": Target((EXECUTOR_RUNS,),
+    "real/executor.py": Target(("tests/unit/test_real_executor.py", EXECUTOR_RUNS),
                                frozenset({"flat_params", "average", "_load_flat", "push", "pull", "wait", "allreduce",
                                           "local_update", "_apply"})),
     "real/hooks.py": Target(("tests/unit/test_real_hooks.py", HOOK_RUNS)),
