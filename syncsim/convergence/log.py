@@ -36,10 +36,17 @@ class UpdateLog:
             raise ValueError(f"UpdateLog.policy must be a syncsim.schemes.Policy, got {type(self.policy).__name__}")
         for name in ("workers", "steps", "batch_size"):
             object.__setattr__(self, name, check_int("UpdateLog", name, getattr(self, name), 1))
-        missing = [c for c in UPDATE_COLUMNS if c not in getattr(self.updates, "columns", ())]
+        updates = self.updates
+        missing = [c for c in UPDATE_COLUMNS if c not in getattr(updates, "columns", ())]
         if missing:
             raise ValueError(f"UpdateLog.updates must be a table with columns {', '.join(UPDATE_COLUMNS)}; "
                              f"missing {', '.join(missing)}")
+        # the replay keeps as many old versions as the largest staleness: the column must be the truth
+        wrong = updates["staleness"] != updates["version_applied"] - updates["version_read"]
+        if wrong.any():
+            w, t, read, applied, stale = (int(updates[c][wrong].iloc[0]) for c in UPDATE_COLUMNS[:5])
+            raise ValueError(f"UpdateLog.updates: staleness must be version_applied - version_read, but worker {w} "
+                             f"step {t} reads {read}, is applied to {applied} and says staleness {stale}")
 
     @classmethod
     def of(cls, result: SimResult) -> UpdateLog:

@@ -35,9 +35,10 @@ def test_a_simulation_and_its_log_replay_the_same():
     assert UpdateLog.of(result).versions == result.versions == 12
 
 
-def test_a_table_that_ends_inside_a_collective():
+@pytest.mark.parametrize("scheme", ["allreduce", "ps"])  # an all-reduce joined, a synchronous round pushed
+def test_a_table_that_ends_inside_a_collective(scheme):
     with pytest.raises(RuntimeError, match=r"ends inside a collective: 1 of 2 workers joined"):
-        Replayer(log("allreduce", 2, 1, [(0, 0, 0, 0)]), PROBLEM, lr=0.1).run()
+        Replayer(log(scheme, 2, 1, [(0, 0, 0, 0)]), PROBLEM, lr=0.1).run()
 
 
 @pytest.mark.parametrize("worker", [0, 1])
@@ -69,6 +70,11 @@ def test_bad_logs_are_refused_by_field():
     with pytest.raises(ValueError, match="a SimResult from syncsim.simulate or an UpdateLog, got DataFrame"):
         Replayer(table, PROBLEM, lr=0.1)
     assert UpdateLog(policy, 1, 1, 1, table).versions == 0
+    lying = log("ps:mode=async", 1, 2, [(0, 0, 0, 0), (0, 1, 0, 1)]).updates.assign(staleness=0)
+    with pytest.raises(ValueError, match="worker 0 step 1 reads 0, is applied to 1 and says staleness 0"):
+        UpdateLog(policy, 1, 2, 1, lying)
+    with pytest.raises(ValueError, match="replay.seed must be an integer >= 0, got -1"):
+        Replayer(log("allreduce", 1, 1, [(0, 0, 0, 0)]), PROBLEM, lr=0.1, seed=-1)
 
 
 def test_a_replay_may_give_the_problem_its_own_batch_size():
