@@ -29,6 +29,20 @@ def test_push_bottleneck(p, k, n, worker_bw, server_bw, alpha):
     assert (pushes["bytes"] == n).all()
 
 
+# Basis: after a synchronous round every worker pulls at once, the mirror image of the pushes: k·p flows
+# of n/k bytes out of the servers, so one pull takes max(n/B_w, p·n/(k·B_s)), plus alpha before the
+# parameters can be used.
+@given(st.integers(1, 64), st.integers(1, 8), st.floats(1e4, 1e8), st.floats(1e7, 1e11), st.floats(1e7, 1e11),
+       st.floats(0, 1e-4))
+def test_pull_bottleneck(p, k, n, worker_bw, server_bw, alpha):
+    cluster = ps_cluster(p, k, worker_bw, server_bw, alpha)
+    res = simulate(cluster, Workload(n, 0.01), ParameterServer(mode="sync"), steps=1)
+    pulls = res.trace[res.trace["kind"] == "pull"]
+    assert len(pulls) == p and (pulls["bytes"] == n).all()
+    np.testing.assert_allclose(pulls["end"] - pulls["start"], alpha + max(n / worker_bw, p * n / (k * server_bw)),
+                               rtol=1e-9)
+
+
 def _clocks_at(updates: pd.DataFrame, workers: int, when: float) -> np.ndarray:
     applied = updates[updates["time_applied"] <= when]
     return np.bincount(applied["worker"], minlength=workers)
