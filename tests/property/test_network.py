@@ -50,8 +50,9 @@ def reference(flows, bandwidth, cap=float("inf")):
 
 
 def test_a_link_counts_its_flows_and_bytes_and_needs_bandwidth():
-    with pytest.raises(ValueError, match="bandwidth must be > 0, got 0.0"):
-        SharedLink(simpy.Environment(), 0.0)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=f"bandwidth must be > 0, got {bad}"):
+            SharedLink(simpy.Environment(), bad)
     env = simpy.Environment()
     link = SharedLink(env, 1e6)
     assert link.active == 0 and link.peak_flows == 0 and link.bytes_served == 0
