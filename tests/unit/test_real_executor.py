@@ -133,10 +133,11 @@ def test_local_update_steps_the_replica_and_waits_for_the_next_average():
     assert torch.equal(flat_params(me.model), before - 0.5) and me.pending_local == [5]
 
 
-@pytest.mark.parametrize("defer,start", [(False, 1.25), (True, 1.75)])
+@pytest.mark.parametrize("defer,start", [(False, 1.0), (True, 1.5)])
 def test_allreduce_applies_the_step_logs_its_version_and_spans_from_the_launch(defer, start):
+    # bucket readiness is wall-clock time; the trace counts from the run's start t0
     state = SimpleNamespace(defer=defer, first_ready=1.25, last_ready=1.75, buckets=[40, 4], bytes=44)
-    me = worker(hook_state=state)
+    me = worker(hook_state=state, recorder=Recorder(0.25))
     before = flat_params(me.model)
     for p in me.model.parameters():
         p.grad = torch.full_like(p, 2.0)  # DDP has already averaged it
