@@ -52,6 +52,17 @@ def test_a_skipped_version():
         Replayer(log("ps:mode=async", 1, 2, [(0, 0, 0, 0), (0, 1, 1, 2)]), PROBLEM, lr=0.1).run()
 
 
+def test_a_version_applied_twice_where_each_push_makes_one():
+    with pytest.raises(RuntimeError, match="replay is at version 1 but the updates table applies to 0"):
+        Replayer(log("ps:mode=async", 2, 1, [(0, 0, 0, 0), (1, 0, 0, 0)]), PROBLEM, lr=0.1).run()
+
+
+def test_a_replay_stops_when_asked():
+    replayer = Replayer(log("ps:mode=async", 1, 3, [(0, 0, 0, 0), (0, 1, 1, 1), (0, 2, 2, 2)]), PROBLEM, lr=0.1)
+    replayer.run(on_version=lambda version, time, applied: version == 2)
+    assert replayer.version == 2 and replayer.applied == 2
+
+
 def test_a_gradient_reading_a_version_not_yet_made():
     # step 1 claims to read version 2 while the servers are at version 1 (and keep only it)
     with pytest.raises(RuntimeError, match=r"reads version 2 but the replay keeps versions 1\.\.1"):
