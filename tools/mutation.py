@@ -52,10 +52,11 @@ EXCLUDED_OPERATORS = [
     r"core/ReplaceUnaryOperator_\w+_(Invert|Not)$",
 ]
 
-CONVERGENCE_TESTS = ("tests/property/test_convergence_sync.py tests/property/test_convergence_ps.py "
+# fast unit tests first: with -x, a mutant they kill costs no property run
+CONVERGENCE_TESTS = ("tests/unit/test_update_log.py tests/unit/test_convergence_parts.py "
+                     "tests/property/test_convergence_sync.py tests/property/test_convergence_ps.py "
                      "tests/property/test_convergence_scaling.py tests/property/test_convergence_stability.py "
-                     "tests/property/test_convergence_averaging.py tests/unit/test_convergence_parts.py "
-                     "tests/unit/test_update_log.py")
+                     "tests/property/test_convergence_averaging.py")
 REFERENCES = "tests/real/test_references.py"
 # the executor's byte counts are checked against the policy's (test_schemes), its arithmetic against the references
 EXECUTOR_RUNS = REFERENCES + " " + " ".join(
