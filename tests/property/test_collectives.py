@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.collectives import (
+    allreduce_time,
     binomial_time,
     choose,
     hierarchical_time,
@@ -200,3 +201,13 @@ def test_local_sgd_communicates_every_period():
     average = 2 * 7 * 10e-6 + 2 * 7 / 8 * n / 1e9
     assert res.makespan == pytest.approx(16 * compute + 4 * average, rel=1e-12)
     assert (res.trace["kind"] == "average").sum() == 4 * 8
+
+
+# Basis: with one GPU there is nobody to exchange with, and zero bytes need no exchange: every
+# algorithm costs nothing (a mutation survivor charged a lone tree a second).
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "tree", "hierarchical", "binomial"])
+def test_nothing_to_reduce_costs_nothing(algorithm):
+    alone = Cluster.homogeneous(1, Link("10GB/s", "5us"))
+    assert allreduce_time(algorithm, 1e6, alone) == 0.0
+    assert allreduce_time(algorithm, 0.0, Cluster(nodes=2, gpus_per_node=4, intra=Link("100GB/s", "2us"),
+                                                  inter=Link("10GB/s", "5us"))) == 0.0
