@@ -63,10 +63,15 @@ def test_a_replay_stops_when_asked():
     assert replayer.version == 2 and replayer.applied == 2
 
 
-def test_a_gradient_reading_a_version_not_yet_made():
+@pytest.mark.parametrize("workers,rows,message", [
     # step 1 claims to read version 2 while the servers are at version 1 (and keep only it)
-    with pytest.raises(RuntimeError, match=r"reads version 2 but the replay keeps versions 1\.\.1"):
-        Replayer(log("ps:mode=async", 1, 2, [(0, 0, 0, 0), (0, 1, 2, 1)]), PROBLEM, lr=0.1).run()
+    (1, [(0, 0, 0, 0), (0, 1, 2, 1)], r"reads version 2 but the replay keeps versions 1\.\.1"),
+    # the same at version 1 with three versions kept (a later push is 2 stale): 0 and 1 exist so far
+    (2, [(0, 0, 0, 0), (0, 1, 7, 1), (1, 0, 0, 2)], r"reads version 7 but the replay keeps versions 0\.\.1"),
+])
+def test_a_gradient_reading_a_version_not_yet_made(workers, rows, message):
+    with pytest.raises(RuntimeError, match=message):
+        Replayer(log("ps:mode=async", workers, 2, rows), PROBLEM, lr=0.1).run()
 
 
 def test_bad_logs_are_refused_by_field():
