@@ -18,6 +18,7 @@ from torch import nn
 
 import real.executor as executor_module
 from real.executor import Executor, flat_params
+from real.heartbeat import Quiet
 from real.trace import Recorder
 from syncsim.schemes import AllReduceGradients, AverageParameters, LocalUpdate, Pull, Push, WaitForClock
 
@@ -33,7 +34,8 @@ def worker(**attrs) -> SimpleNamespace:
     me = SimpleNamespace(model=net, worker=1, step=5, version=7, read_version=6, bytes_sent=100, clock=3,
                          pending_local=[], recorder=Recorder(0.0), device=torch.device("cpu"),
                          wire_dtype=torch.float32, cfg=SimpleNamespace(world=3), group=None, scaler=None,
-                         optimizer=torch.optim.SGD(net.parameters(), lr=0.5), backward_end=2.0, buckets=[])
+                         optimizer=torch.optim.SGD(net.parameters(), lr=0.5), backward_end=2.0, buckets=[],
+                         heartbeat=Quiet())
     for name in ("_load_flat", "_apply"):
         setattr(me, name, getattr(Executor, name).__get__(me))
     vars(me).update(attrs)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import real.server as server_module
+from real.heartbeat import Quiet
 from real.server import HEADER, PAYLOAD, PULL, PUSH, REPLY, STOP, WAIT, WAKE, Client, Server, shard_bounds
 from real.trace import Recorder
 
@@ -179,13 +180,24 @@ def test_an_unknown_message_is_an_error_naming_it(monkeypatch, op):
         serve(monkeypatch, [(1, HEADER, header(op))])
 
 
+class Beats(Quiet):
+    """A heartbeat that notes the steps it is told of."""
+
+    def __init__(self):
+        self.steps = []
+
+    def beat(self, step=None, waiting=False):
+        if step is not None:
+            self.steps.append(step)
+
+
 def test_the_server_reports_the_latest_step_pushed(monkeypatch):
-    # the step a failure message names (real.worker) and the progress file records
-    seen = []
+    # the step a failure message names and the heartbeat records (real.heartbeat)
+    beats = Beats()
     g = torch.ones(5)
     server, _, _ = serve(monkeypatch, [*push(0, 0, g, False), *push(1, 0, g, False), *push(0, 2, g, False),
-                                       *push(1, 1, g, False), *stop(2)], progress=seen.append)
-    assert server.step == 2 and seen == [0, 2]  # each new latest step once
+                                       *push(1, 1, g, False), *stop(2)], heartbeat=beats)
+    assert server.step == 2 and beats.steps == [0, 2]  # each new latest step once
 
 
 @pytest.mark.parametrize("slow,expected", [(1.0, []), (1.5, [2.5])])
