@@ -101,7 +101,8 @@ class RunConfig:
     record_checksums: bool = False
     """Store every worker's parameter checksum after every step (tests use it; costs a hash per step)."""
     save_params: bool = False
-    """Save each worker's final parameters as params-rank<R>.pt in ``out``."""
+    """Save each worker's final parameters (state dict), and each server's final shard (flat fp32), as
+    ``ranks/params-rank<R>.pt`` in ``out``."""
 
     def __post_init__(self) -> None:
         owner = "RunConfig"
@@ -238,5 +239,5 @@ def parser(prog: str = "python -m real.run") -> argparse.ArgumentParser:
     p.add_argument("--amp", action="store_true", help="autocast forward/backward (bf16 on CPU, fp16 on CUDA)")
     p.add_argument("--timeout", type=number, default=d.timeout, help="process-group timeout, seconds")
     p.add_argument("--record-checksums", action="store_true", help="checksum parameters after every step")
-    p.add_argument("--save-params", action="store_true", help="save final parameters per worker")
+    p.add_argument("--save-params", action="store_true", help="save final parameters per worker (and shard per server)")
     return p

@@ -7,6 +7,7 @@ simulated wall-clock time, from which ``time_to_target`` reads time-to-accuracy.
 """
 
 from syncsim.convergence.digits import Digits
+from syncsim.convergence.log import UpdateLog
 from syncsim.convergence.optimizer import SGD
 from syncsim.convergence.problems import LogisticRegression, Problem, Quadratic
 from syncsim.convergence.replay import Replayer, replay
@@ -17,6 +18,6 @@ from syncsim.convergence.target import steps_to_target, time_to_target
 from syncsim.convergence.wire import Wire
 
 __all__ = [
-    "Problem", "Quadratic", "LogisticRegression", "Digits", "replay", "Replayer", "Sampler", "SGD",
+    "Problem", "Quadratic", "UpdateLog", "LogisticRegression", "Digits", "replay", "Replayer", "Sampler", "SGD",
     "LossScaling", "LossScaler", "Wire", "time_to_target", "steps_to_target", "delay_bound",
 ]

@@ -17,6 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from syncsim.config import check_float, check_int, is_number
+from syncsim.convergence.sampler import Sampler
 from syncsim.limits import check_memory
 
 __all__ = ["Problem", "Quadratic", "LogisticRegression", "log_sigmoid", "sigmoid"]
@@ -41,6 +42,14 @@ class Problem:
 
     def evaluate(self, x: np.ndarray) -> dict[str, float]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def sampler(self, batch_size: int, workers: int, seed: int):
+        """Which samples worker w takes at step t: an object with ``indices(w, t)``.
+
+        The seeded stream of ``Sampler`` unless a problem brings its own data
+        order (``real.replay.TorchProblem`` replays a real run's).
+        """
+        return Sampler(self.samples, batch_size, workers, seed)
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:

@@ -1,10 +1,14 @@
-"""Re-enact a simulated run's update order on an optimisation problem.
+"""Re-enact a run's update order on an optimisation problem.
 
 ``simulate`` decides *when* each gradient lands and *which parameter version*
 it was computed on; the replay carries out the same actions (the scheme's
-policy, step by step) on a real problem, in the simulated applied order:
+policy, step by step) on a real problem, in the simulated applied order. A
+real run of ``real/`` writes the same updates table, so its ``UpdateLog``
+replays the same way (real/replay.py: its torch model and data order as a
+``Problem``; tests/real/test_replay_agreement.py checks the two agree).
 
-- ``Compute``: the gradient of the worker's own minibatch (``Sampler``) at the
+
+- ``Compute``: the gradient of the worker's own minibatch (``problem.sampler``) at the
   parameters the worker holds: its replica, or — once it pulls — the server
   version the updates table says it read;
 - ``AllReduceGradients``: every worker's gradient crosses the wire, the mean
@@ -32,9 +36,9 @@ import numpy as np
 import pandas as pd
 
 from syncsim.config import check_int
+from syncsim.convergence.log import UpdateLog
 from syncsim.convergence.optimizer import SGD
 from syncsim.convergence.problems import Problem
-from syncsim.convergence.sampler import Sampler
 from syncsim.convergence.scaler import LossScaling
 from syncsim.convergence.wire import Wire
 from syncsim.result import SimResult
@@ -67,25 +71,23 @@ class Replayer:
     True to stop early.
     """
 
-    def __init__(self, result: SimResult, problem: Problem, lr: float, momentum: float = 0.0, seed: int = 0,
-                 scaling: LossScaling | None = None, batch_size: int | None = None) -> None:
-        if not isinstance(result, SimResult):
-            raise ValueError(f"replay needs a SimResult from syncsim.simulate, got {type(result).__name__}")
+    def __init__(self, result: SimResult | UpdateLog, problem: Problem, lr: float, momentum: float = 0.0,
+                 seed: int = 0, scaling: LossScaling | None = None, batch_size: int | None = None) -> None:
+        log = as_log(result)
         if not isinstance(problem, Problem):
             raise ValueError(f"replay needs a syncsim.convergence Problem, got {type(problem).__name__}")
         self.seed = check_int("replay", "seed", seed, 0)
-        self.result, self.problem = result, problem
+        self.log, self.problem = log, problem
         self.optimizer = SGD(lr, momentum)
-        self.workers = workers = result.workers
-        self.steps = result.steps
-        workload = result.workload
-        self.policy = result.scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
-        self.wire = Wire(result.scheme.precision)
+        self.workers = workers = log.workers
+        self.steps = log.steps
+        self.policy = log.policy
+        self.wire = Wire(log.scheme.precision)
         # Only fp16 has too little range for raw gradients (see scaler.py).
         self.scaler = (scaling or LossScaling()).scaler(workers) if self.wire.precision == "fp16" else None
-        # The problem stands in for the model: its minibatch may be the workload's or its own.
-        batch = workload.batch_size if batch_size is None else check_int("replay", "batch_size", batch_size, 1)
-        self.sampler = Sampler(problem.samples, batch, workers, seed)
+        # The problem stands in for the model: its minibatch may be the run's or its own.
+        batch = log.batch_size if batch_size is None else check_int("replay", "batch_size", batch_size, 1)
+        self.sampler = problem.sampler(batch, workers, seed)
 
         x0 = np.asarray(problem.init(seed), dtype=float)
         self.replicas = np.tile(x0, (workers, 1))
@@ -99,7 +101,7 @@ class Replayer:
         self.applied = 0          # gradients folded into the authoritative parameters so far
         self.skipped = 0          # optimiser steps skipped for overflow
 
-        updates = result.updates
+        updates = log.updates
         order = np.lexsort((updates["step"].to_numpy(), updates["worker"].to_numpy(),
                             updates["version_applied"].to_numpy()))
         self.columns = [updates[c].to_numpy()[order].tolist()
@@ -238,6 +240,14 @@ class Replayer:
         self.pulled[w] = True
 
 
+def as_log(result: SimResult | UpdateLog) -> UpdateLog:
+    if isinstance(result, UpdateLog):
+        return result
+    if isinstance(result, SimResult):
+        return UpdateLog.of(result)
+    raise ValueError(f"replay needs a SimResult from syncsim.simulate or an UpdateLog, got {type(result).__name__}")
+
+
 def single_blas_thread():
     """One BLAS thread while replaying: each update's products are tiny, and OpenBLAS's threads
     cost more than they gain there (measured 2-3× slower on the project's 2-core machine)."""
@@ -248,7 +258,7 @@ def single_blas_thread():
     return threadpool_limits(1, user_api="blas")
 
 
-def replay(result: SimResult, problem: Problem, lr: float, momentum: float = 0.0, seed: int = 0,
+def replay(result: SimResult | UpdateLog, problem: Problem, lr: float, momentum: float = 0.0, seed: int = 0,
            every: int | None = None, scaling: LossScaling | None = None,
            stop: Callable[[dict], bool] | None = None, batch_size: int | None = None) -> pd.DataFrame:
     """Loss (and accuracy) against simulated time of ``problem`` trained in ``result``'s update order.
@@ -262,7 +272,7 @@ def replay(result: SimResult, problem: Problem, lr: float, momentum: float = 0.0
     minibatch on the problem (default: the workload's).
     """
     replayer = Replayer(result, problem, lr, momentum, seed, scaling, batch_size)
-    total = int(result.versions)
+    total = replayer.log.versions
     every = max(1, total // DEFAULT_EVALUATIONS) if every is None else check_int("replay", "every", every, 1)
     workers = replayer.workers
     rows: list[dict] = []
@@ -283,6 +293,6 @@ def replay(result: SimResult, problem: Problem, lr: float, momentum: float = 0.0
     if not stopped:
         replayer.run(on_version=on_version)
     frame = pd.DataFrame(rows)
-    frame.attrs.update(scheme=str(result.scheme), workers=workers, lr=replayer.optimizer.lr,
+    frame.attrs.update(scheme=str(replayer.log.scheme), workers=workers, lr=replayer.optimizer.lr,
                        momentum=replayer.optimizer.momentum, skipped=replayer.skipped)
     return frame

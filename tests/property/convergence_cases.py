@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.convergence import LogisticRegression, Replayer
+from tests.conftest import PROFILE
 
 LINK = Link("10Gbit/s", "5us")
 
-# Registered in tests/property/conftest.py; CI sets CI=true (the same test as tests/conftest.py).
-CONVERGENCE = settings.get_profile("convergence-ci" if os.environ.get("CI") else "convergence-dev")
+# Registered in tests/property/conftest.py, chosen as tests/conftest.py chooses the global profile.
+CONVERGENCE = settings.get_profile("convergence-mutation" if PROFILE == "mutation" else
+                                   "convergence-ci" if PROFILE == "ci" else "convergence-dev")
 
 
 def cluster(workers: int, jitter: float = 0.0, straggler_prob: float = 0.0, slowdown: float = 1.0) -> Cluster:
@@ -31,9 +31,9 @@ def run(workers, batch, scheme, steps, seed=0, jitter=0.0, straggler_prob=0.0, s
                     steps=steps, seed=seed)
 
 
-def versions(result, problem, lr, momentum=0.0, seed=0) -> list[np.ndarray]:
+def versions(result, problem, lr, momentum=0.0, seed=0, scaling=None) -> list[np.ndarray]:
     """The authoritative parameters at version 0, 1, 2, ... of a replay."""
-    replayer = Replayer(result, problem, lr, momentum, seed)
+    replayer = Replayer(result, problem, lr, momentum, seed, scaling)
     states = [replayer.parameters().copy()]
     replayer.run(on_version=lambda v, t, n: states.append(replayer.parameters().copy()) and False)
     return states

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.collectives import (
+    allreduce_time,
     binomial_time,
     choose,
     hierarchical_time,
@@ -226,3 +227,13 @@ def test_back_to_back_buckets_share_one_burst(p, n, bandwidth, burst):
     first = min(burst, wire)
     second = min(burst - first, wire)
     assert res.step_time == pytest.approx(compute + (2 * wire - first - second) / bandwidth, rel=1e-9)
+
+
+# Basis: with one GPU there is nobody to exchange with, and zero bytes need no exchange: every
+# algorithm costs nothing (a mutation survivor charged a lone tree a second).
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "tree", "hierarchical", "binomial"])
+def test_nothing_to_reduce_costs_nothing(algorithm):
+    alone = Cluster.homogeneous(1, Link("10GB/s", "5us"))
+    assert allreduce_time(algorithm, 1e6, alone) == 0.0
+    assert allreduce_time(algorithm, 0.0, Cluster(nodes=2, gpus_per_node=4, intra=Link("100GB/s", "2us"),
+                                                  inter=Link("10GB/s", "5us"))) == 0.0

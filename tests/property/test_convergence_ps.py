@@ -1,10 +1,11 @@
 """Parameter-server schemes on a replayed problem: SSP clocks, SSP(0) = synchronous PS, async W=1 = SGD."""
 
 import numpy as np
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncsim.convergence import LogisticRegression, Quadratic, Sampler
+from syncsim.convergence import LogisticRegression, LossScaling, Quadratic, Sampler
 from tests.property.convergence_cases import CONVERGENCE, assert_same, jitters, run, seeds, versions
 
 problems = st.one_of(
@@ -78,3 +79,40 @@ def test_async_ps_with_one_worker_is_sequential_sgd(problem, batch, steps, momen
     assert len(replayed) == len(expected)
     for a, b in zip(replayed, expected):
         np.testing.assert_array_equal(a, b)
+
+
+@settings(CONVERGENCE)
+@given(problem=problems, batch=st.integers(1, 6), steps=st.integers(1, 10), precision=st.sampled_from(["fp16", "bf16"]),
+       momentum=st.sampled_from([0.0, 0.9]), seed=seeds)
+def test_async_ps_with_one_worker_and_a_16_bit_wire_is_sequential_sgd_on_rounded_values(problem, batch, steps,
+                                                                                          precision, momentum, seed):
+    # Basis: what crosses the wire is rounded to the wire format and nothing
+    # else is: the worker computes on the parameters it pulled (rounded; its
+    # own fp32 copy before the first pull), pushes its gradient rounded (fp16:
+    # loss-scaled by S first and divided by S in fp32 after, GradScaler's
+    # recipe, with S small enough here never to overflow), and the server
+    # applies it to its fp32 master copy. Rounding is written out with numpy's
+    # float16 and torch's bfloat16 casts, not the replay's own.
+    scale = 256.0
+    result = run(1, batch, f"ps:mode=async,precision={precision}", steps, seed)
+    replayed = versions(result, problem, 0.3, momentum, seed, LossScaling(init_scale=scale))
+
+    def rounded(v):
+        if precision == "fp16":
+            return np.asarray(v, dtype=np.float64).astype(np.float16).astype(np.float64)
+        return torch.from_numpy(np.asarray(v, dtype=np.float64)).to(torch.bfloat16).double().numpy()
+
+    sampler = Sampler(problem.samples, batch, 1, seed)
+    x = np.asarray(problem.init(seed), dtype=float).copy()
+    velocity = np.zeros_like(x)
+    expected = [x.copy()]
+    for t in range(steps):
+        read = x if t == 0 else rounded(x)
+        g = problem.gradient(read, sampler.indices(0, t))
+        sent = rounded(g * scale) / scale if precision == "fp16" else rounded(g)
+        velocity = momentum * velocity + sent
+        x = x - 0.3 * velocity
+        expected.append(x.copy())
+    assert len(replayed) == len(expected)
+    for a, b in zip(replayed, expected):
+        assert_same(a, b, problem)

@@ -1,10 +1,10 @@
 """Dynamic loss scaling when fp16 gradients cross the wire."""
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from syncsim.convergence import LossScaling, Quadratic, Replayer
+from syncsim.convergence import LossScaling, Quadratic, Replayer, Sampler
 from syncsim.convergence.wire import to_fp16
 from tests.property.convergence_cases import CONVERGENCE, jitters, run, seeds
 
@@ -13,16 +13,20 @@ from tests.property.convergence_cases import CONVERGENCE, jitters, run, seeds
 @given(scheme=st.sampled_from(["allreduce:precision=fp16", "ps:precision=fp16", "ps:mode=async,precision=fp16"]),
        workers=st.integers(1, 4), steps=st.integers(1, 12),
        eigenvalues=st.lists(st.floats(0.5, 2.0), min_size=1, max_size=3).map(tuple),
-       log_scale=st.integers(10, 20), momentum=st.sampled_from([0.0, 0.9]), jitter=jitters, seed=seeds)
-def test_an_overflowing_step_changes_nothing_and_halves_the_scale(scheme, workers, steps, eigenvalues, log_scale,
+       above=st.integers(0, 4), momentum=st.sampled_from([0.0, 0.9]), jitter=jitters, seed=seeds)
+def test_an_overflowing_step_changes_nothing_and_halves_the_scale(scheme, workers, steps, eigenvalues, above,
                                                                   momentum, jitter, seed):
     # Basis: torch's GradScaler skips optimizer.step() when the scaled
     # gradients hold an inf/NaN and multiplies the scale by backoff_factor
-    # (0.5). Start scales of 2^10..2^20 against gradients of order 1..10 make
-    # the first steps overflow fp16's 65,504, then the scale settles.
+    # (0.5). The start scale is built to overflow: 2^above times the smallest
+    # power of two at which worker 0's first scaled gradient exceeds fp16's
+    # 65,504, so every example overflows at least once, then the scale settles.
     result = run(workers, 2, scheme, steps, seed, jitter)
     problem = Quadratic(eigenvalues, noise=0.5, pool=32, seed=seed)
-    replayer = Replayer(result, problem, 0.05, momentum, seed, LossScaling(init_scale=2.0**log_scale))
+    first = problem.gradient(problem.init(seed), Sampler(problem.samples, 2, workers, seed).indices(0, 0))
+    with np.errstate(over="ignore"):  # the overflowing casts are the point
+        threshold = next(k for k in range(-64, 64) if not np.isfinite(to_fp16(first * 2.0**k)).all())
+    replayer = Replayer(result, problem, 0.05, momentum, seed, LossScaling(init_scale=2.0 ** (threshold + above)))
     overflowed: list[int] = []   # workers whose scaled gradient overflowed, since the last version
 
     def on_compute(w, t, x):
@@ -54,6 +58,8 @@ def test_an_overflowing_step_changes_nothing_and_halves_the_scale(scheme, worker
 
     snapshot()
     replayer.run(on_version=on_version, on_compute=on_compute)
+    assert checked, "no overflowing step was checked"
+    event(f"overflowing steps: {len(checked)}")
     assert replayer.skipped == len(checked)
 
 

@@ -1,10 +1,11 @@
 """Synchronous schemes on a replayed problem: linearity, identical replicas, local SGD vs all-reduce."""
 
 import numpy as np
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncsim.convergence import LogisticRegression, Quadratic, Replayer
+from syncsim.convergence import LogisticRegression, LossScaling, Quadratic, Replayer, Sampler
 from tests.property.convergence_cases import CONVERGENCE, assert_same, jitters, run, seeds, versions
 
 problems = st.one_of(
@@ -79,4 +80,38 @@ def test_local_sgd_with_period_one_equals_allreduce(problem, workers, batch, ste
     reduce = versions(run(workers, batch, "allreduce", steps, seed, jitter), problem, 0.3, momentum, seed)
     assert len(local) == len(reduce) == steps + 1
     for a, b in zip(local, reduce):
+        assert_same(a, b, problem)
+
+
+@settings(CONVERGENCE)
+@given(problem=problems, workers=st.integers(1, 4), batch=st.integers(1, 4), steps=st.integers(1, 6),
+       precision=st.sampled_from(["fp16", "bf16"]), momentum=st.sampled_from([0.0, 0.9]), seed=seeds)
+def test_allreduce_with_a_16_bit_wire_is_the_mean_of_rounded_gradients(problem, workers, batch, steps, precision,
+                                                                        momentum, seed):
+    # Basis: an all-reduce sends each worker's gradient at the wire precision
+    # and the reduced mean travels back at it too; nothing else is rounded.
+    # fp16 gradients are loss-scaled by S before the wire and divided by S in
+    # fp32 after (GradScaler's recipe; S small enough here never to overflow).
+    # Rounding is written out with numpy's float16 and torch's bfloat16.
+    scale = 256.0
+    result = run(workers, batch, f"allreduce:precision={precision}", steps, seed)
+    replayed = versions(result, problem, 0.3, momentum, seed, LossScaling(init_scale=scale))
+
+    def rounded(v):
+        if precision == "fp16":
+            return np.asarray(v, dtype=np.float64).astype(np.float16).astype(np.float64)
+        return torch.from_numpy(np.asarray(v, dtype=np.float64)).to(torch.bfloat16).double().numpy()
+
+    s = scale if precision == "fp16" else 1.0
+    sampler = Sampler(problem.samples, batch, workers, seed)
+    x = np.asarray(problem.init(seed), dtype=float).copy()
+    velocity = np.zeros_like(x)
+    expected = [x.copy()]
+    for t in range(steps):
+        sent = [rounded(problem.gradient(x, sampler.indices(w, t)) * s) for w in range(workers)]
+        velocity = momentum * velocity + rounded(np.mean(sent, axis=0)) / s
+        x = x - 0.3 * velocity
+        expected.append(x.copy())
+    assert len(replayed) == len(expected)
+    for a, b in zip(replayed, expected):
         assert_same(a, b, problem)

@@ -1,5 +1,6 @@
 """Processor-sharing links: the virtual-time link against a brute-force reference."""
 
+import pytest
 import simpy
 from hypothesis import given
 from hypothesis import strategies as st
@@ -60,6 +61,31 @@ def reference(flows, bandwidth, cap=float("inf"), burst=0.0):
             else:
                 finish[i] = now
     return finish
+
+
+def test_a_link_counts_its_flows_and_bytes_and_needs_bandwidth():
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=f"bandwidth must be > 0, got {bad}"):
+            SharedLink(simpy.Environment(), bad)
+    env = simpy.Environment()
+    link = SharedLink(env, 1e6)
+    assert link.active == 0 and link.peak_flows == 0 and link.bytes_served == 0
+    flows = [link.transfer(n) for n in (1e6, 2e6, 1.0, 0.0, -5.0)]
+    # a transfer of no bytes completes at once and never joins the link; a single byte does join it
+    assert [f.triggered for f in flows] == [False, False, False, True, True]
+    assert link.active == 3 and link.peak_flows == 3 and link.bytes_served == 3e6 + 1
+    env.run()
+    assert link.active == 0 and link.peak_flows == 3 and env.now == approx(3.000001)
+    link.transfer(1e6)
+    assert link.peak_flows == 3  # the most flows ever at once, not the latest count
+    SharedLink(env, 0.5)         # any positive bandwidth is a bandwidth
+
+
+def test_flows_half_a_byte_apart_finish_half_a_byte_apart():
+    # Basis: processor sharing at 1 B/s: both flows get 0.5 B/s until the first has its 1,000 bytes
+    # (t = 2,000 s), then the other's last half byte goes alone at 1 B/s. "Finished" tolerates float
+    # rounding of the finish tag, never a fraction of a byte.
+    assert run_link([(0.0, 1000.0), (0.0, 1000.5)], 1.0) == [approx(2000.0, abs=1e-9), approx(2000.5, abs=1e-9)]
 
 
 def test_two_equal_flows_take_twice_as_long():

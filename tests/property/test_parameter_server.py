@@ -16,17 +16,20 @@ def ps_cluster(p, k, worker_bw=1e9, server_bw=1e9, latency=0.0, **kw):
 
 # Basis: p simultaneous pushes of n bytes sharded over k servers are k·p flows of n/k; a worker's
 # NIC splits into k flows (cap B_w/k), a server NIC shares among p flows (B_s/p each), so one push
-# takes alpha + max(n/B_w, p·n/(k·B_s)): the parameter server's bottleneck.
+# takes alpha + max(n/B_w, p·n/(k·B_s)): the parameter server's bottleneck. After a synchronous round
+# every worker pulls at once, the mirror image: the same time out of the servers (alpha being paid
+# before the pulled parameters can be used).
+@pytest.mark.parametrize("kind", ["push", "pull"])
 @given(st.integers(1, 64), st.integers(1, 8), st.floats(1e4, 1e8), st.floats(1e7, 1e11), st.floats(1e7, 1e11),
        st.floats(0, 1e-4))
-def test_push_bottleneck(p, k, n, worker_bw, server_bw, alpha):
+def test_push_and_pull_bottleneck(kind, p, k, n, worker_bw, server_bw, alpha):
     cluster = ps_cluster(p, k, worker_bw, server_bw, alpha)
     res = simulate(cluster, Workload(n, 0.01), ParameterServer(mode="sync"), steps=1)
-    pushes = res.trace[res.trace["kind"] == "push"]
+    rows = res.trace[res.trace["kind"] == kind]
     expected = alpha + max(n / worker_bw, p * n / (k * server_bw))
-    assert len(pushes) == p
-    np.testing.assert_allclose(pushes["end"] - pushes["start"], expected, rtol=1e-9)
-    assert (pushes["bytes"] == n).all()
+    assert len(rows) == p
+    np.testing.assert_allclose(rows["end"] - rows["start"], expected, rtol=1e-9)
+    assert (rows["bytes"] == n).all()
 
 
 def _clocks_at(updates: pd.DataFrame, workers: int, when: float) -> np.ndarray:

@@ -30,6 +30,13 @@ class Run:
         self.results = {int(p.stem.split("rank")[1]): json.loads(p.read_text())
                         for p in (out / "ranks").glob("result-rank*.json")}
 
+    def params(self, rank: int):
+        """A rank's final parameters saved by --save-params, flat: a worker's state dict, or a server's shard."""
+        import torch
+
+        saved = torch.load(self.out / "ranks" / f"params-rank{rank}.pt")
+        return torch.cat([v.reshape(-1) for v in saved.values()]) if isinstance(saved, dict) else saved
+
 
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from real.config import RunConfig
-from real.testbed import Testbed, TestbedConfig, run, unavailable
+from real.testbed import Testbed, TestbedConfig, run
 from real.testbed.namespaces import NETNS_ETC, namespaces
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,6 @@ def test_config_validation_names_field_value_and_allowed():
 
 
 @pytest.mark.testbed
-@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 def test_created_and_torn_down_even_when_the_body_raises():
     # a leftover of a dead run with our prefix (its pid is a finished child's) is removed at start
     dead = subprocess.Popen(["true"])
@@ -91,7 +90,6 @@ def test_created_and_torn_down_even_when_the_body_raises():
 
 
 @pytest.mark.testbed
-@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 def test_gloo_allreduce_runs_at_the_emulated_rate():
     size = 4 * 2**20
     with Testbed(hosts=2, bandwidth="200Mbit/s", prefix=PREFIX) as bed:
@@ -105,7 +103,6 @@ def test_gloo_allreduce_runs_at_the_emulated_rate():
 
 
 @pytest.mark.testbed
-@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 @pytest.mark.parametrize("agent", [True, False], ids=["torchrun", "direct"])
 def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path, agent):
     cfg = RunConfig(scheme="allreduce", world=2, model="lenet", steps=5, batch_size=16, out=str(tmp_path),
@@ -123,7 +120,6 @@ def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path, agent)
 
 
 @pytest.mark.testbed
-@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 @pytest.mark.parametrize("agent", [True, False], ids=["torchrun", "direct"])
 def test_a_failed_node_stops_the_others_and_is_named(tmp_path, agent):
     # torch's agents do not stop ranks on other nodes: without the launcher's stop, rank 0 waits forever

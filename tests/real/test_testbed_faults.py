@@ -20,13 +20,12 @@ import pytest
 
 from real.faults import processes_of, wait_for_step
 from real.heartbeat import Beat
-from real.testbed import Testbed, unavailable
+from real.testbed import Testbed
 from real.testbed.namespaces import namespaces
 from tests.real.conftest import ROOT
 from tests.real.test_faults import SLACK
 
-pytestmark = [pytest.mark.testbed, pytest.mark.distributed,
-              pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+pytestmark = [pytest.mark.testbed, pytest.mark.distributed]
 
 PREFIX = "sstbfault"  # distinct from the CLI's default and from test_testbed's
 RUN = ("--scheme", "allreduce", "--world", "2", "--model", "mlp", "--batch-size", "8", "--timeout", "4",

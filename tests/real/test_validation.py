@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from real.testbed import unavailable
 from studies import validation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +19,6 @@ LOOSE_MEDIAN, LOOSE_MAX = 0.15, 0.35
 
 
 @pytest.mark.testbed
-@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 def test_quick_validation_predicts_every_row_within_a_loose_bound(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "studies.validation", "--quick", "--out", str(tmp_path),

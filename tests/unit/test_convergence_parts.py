@@ -1,5 +1,6 @@
 """The pieces of the convergence replay, checked against independent references (torch, finite differences)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -69,6 +70,14 @@ def test_problems_reject_bad_fields_by_name():
         LogisticRegression(features=0, samples=10)
     with pytest.raises(ValueError, match="SGD.momentum"):
         SGD(lr=0.1, momentum=1.0)
+    with pytest.raises(ValueError, match="SGD.momentum"):
+        SGD(lr=0.1, momentum=-0.5)
+    with pytest.raises(ValueError, match="SGD.lr"):
+        SGD(lr=0.0)
+    assert SGD(lr=1e-9, momentum=0.0).momentum == 0.0  # the edges that are allowed
+    assert SGD(lr=0.1).momentum == 0.0                  # plain SGD unless asked
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SGD(lr=0.1).lr = 1.0                            # a replay's optimiser cannot change under it
     with pytest.raises(ValueError, match="LossScaling.backoff_factor"):
         LossScaling(backoff_factor=1.5)
     with pytest.raises(ValueError, match="Wire.precision"):
