@@ -29,16 +29,20 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(BAD_INPUT, f"{_name(self.prog)}: error: {message} (see --help)\n")
 
 
+# str.strip() would also drop Unicode spaces (U+00A0 ...), which int() then accepts: ASCII only.
+ASCII_SPACE = " \t\n\r\v\f"
+
+
 def integer(text: str) -> int:
     """An argparse ``type``: an ASCII integer."""
-    if not _INT.fullmatch(text.strip()):
+    if not _INT.fullmatch(text.strip(ASCII_SPACE)):
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
     return int(text)
 
 
 def number(text: str) -> float:
     """An argparse ``type``: a finite ASCII decimal number."""
-    if not _FLOAT.fullmatch(text.strip()) or not math.isfinite(float(text)):
+    if not _FLOAT.fullmatch(text.strip(ASCII_SPACE)) or not math.isfinite(float(text)):
         raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
     return float(text)
 

@@ -17,12 +17,14 @@ def ps_cluster(p, k, worker_bw=1e9, server_bw=1e9, latency=0.0, **kw):
 # Basis: p simultaneous pushes of n bytes sharded over k servers are k·p flows of n/k; a worker's
 # NIC splits into k flows (cap B_w/k), a server NIC shares among p flows (B_s/p each), so one push
 # takes alpha + max(n/B_w, p·n/(k·B_s)): the parameter server's bottleneck. After a synchronous round
-# every worker pulls at once, the mirror image: the same time out of the servers (alpha being paid
-# before the pulled parameters can be used).
+# every worker pulls, the mirror image out of the servers. Pulls start together only without latency:
+# the round's answer reaches the worker whose push closed it a round trip later than the others.
 @pytest.mark.parametrize("kind", ["push", "pull"])
 @given(st.integers(1, 64), st.integers(1, 8), st.floats(1e4, 1e8), st.floats(1e7, 1e11), st.floats(1e7, 1e11),
        st.floats(0, 1e-4))
 def test_push_and_pull_bottleneck(kind, p, k, n, worker_bw, server_bw, alpha):
+    if kind == "pull":
+        alpha = 0.0
     cluster = ps_cluster(p, k, worker_bw, server_bw, alpha)
     res = simulate(cluster, Workload(n, 0.01), ParameterServer(mode="sync"), steps=1)
     rows = res.trace[res.trace["kind"] == kind]
@@ -30,6 +32,17 @@ def test_push_and_pull_bottleneck(kind, p, k, n, worker_bw, server_bw, alpha):
     assert len(rows) == p
     np.testing.assert_allclose(rows["end"] - rows["start"], expected, rtol=1e-9)
     assert (rows["bytes"] == n).all()
+
+
+# Basis: a pull is a request and its answer, a message each way: two latencies besides the answer's
+# bytes, where a push (one message) pays one. One worker, so nothing else shares a link.
+@given(st.integers(1, 8), st.floats(1e4, 1e8), st.floats(1e7, 1e11), st.floats(1e7, 1e11), st.floats(0, 1e-3))
+def test_a_pull_pays_two_latencies(k, n, worker_bw, server_bw, alpha):
+    res = simulate(ps_cluster(1, k, worker_bw, server_bw, alpha), Workload(n, 0.01), ParameterServer(mode="sync"),
+                   steps=1)
+    pull = res.trace[res.trace["kind"] == "pull"].iloc[0]
+    assert pull["end"] - pull["start"] == pytest.approx(2 * alpha + max(n / worker_bw, n / (k * server_bw)),
+                                                        rel=1e-9)
 
 
 def _clocks_at(updates: pd.DataFrame, workers: int, when: float) -> np.ndarray:

@@ -9,6 +9,8 @@ milliseconds (and mutation runs can afford to run them per mutant).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -21,31 +23,55 @@ LR = 0.3  # not 0.5: with W = 2, lr/W would equal lr**W
 
 
 class Wire:
-    """Scripted point-to-point messages: ``recv`` hands out (src, tag, tensor) in order; sends are recorded."""
+    """Scripted point-to-point messages, delivered in the script's order to whichever thread asks.
+
+    The server reads each worker's connection in a thread of its own; the script fixes the order in
+    which messages arrive across workers. A message is handed over only when it is the script's next
+    one, and only after the thread that took the previous message has finished with it (it asks the
+    wire for its next message, or its connection ends with STOP): so the script's order is the
+    server's processing order, as if each message arrived after the last was handled. Receives match
+    by source and tag, as gloo's do; sends are recorded.
+    """
+
+    PATIENCE = 10.0  # seconds a thread waits for its message before the test fails, rather than hangs
 
     def __init__(self, script=()):
         self.script = list(script)
         self.sent = []
         self.pending = []
+        self.turn = None  # the thread handling the last message handed out
+        self.cond = threading.Condition()
+
+    def take(self, tensor, src, tag):
+        me = threading.get_ident()
+        with self.cond:
+            if self.turn == me:
+                self.turn = None
+                self.cond.notify_all()
+            ready = lambda: self.turn in (None, me) and self.script and self.script[0][:2] == (src, tag)  # noqa: E731
+            if not self.cond.wait_for(ready, timeout=self.PATIENCE):
+                raise AssertionError(f"no message from rank {src} on tag {tag} next in the script: {self.script[:1]}")
+            _, _, value = self.script.pop(0)
+            assert tensor.shape == value.shape, "gloo needs a receive buffer of the message's size"
+            tensor.copy_(value)
+            stopping = tag == HEADER and int(value[0]) == STOP
+            self.turn = None if stopping else me
+            self.cond.notify_all()
+        return src
 
     def recv(self, tensor, src=None, tag=None):
-        frm, want_tag, value = self.script.pop(0)
-        assert tag == want_tag and src in (None, frm), (frm, want_tag, src, tag)
-        assert tensor.shape == value.shape, "gloo needs a receive buffer of the message's size"
-        tensor.copy_(value)
-        return frm
+        assert src is not None, "the server receives from one worker's connection, never from any source"
+        return self.take(tensor, src, tag)
 
     def send(self, tensor, dst, tag):
-        self.sent.append((dst, tag, tensor.clone()))
+        with self.cond:
+            self.sent.append((dst, tag, tensor.clone()))
 
     def isend(self, tensor, dst, tag):
         return self.work(lambda: self.send(tensor, dst, tag))
 
     def irecv(self, tensor, src, tag):
-        frm, want_tag, value = self.script.pop(0)
-        assert (frm, want_tag) == (src, tag), (frm, want_tag, src, tag)
-        assert tensor.shape == value.shape, "gloo needs a receive buffer of the message's size"
-        return self.work(lambda: tensor.copy_(value))
+        return self.work(lambda: self.take(tensor, src, tag))
 
     def work(self, complete):
         """A request that completes — its message sent, or its buffer filled — when waited on."""
