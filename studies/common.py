@@ -32,8 +32,10 @@ SCHEDULER = re.compile(r"(?:[a-z]+://)?[^\s/:]+:[0-9]{1,5}", re.ASCII)
 JOB_BYTES = 256 * 2**20
 
 
-def parse_args(prog: str, doc: str, default_out: str, argv: list[str] | None) -> argparse.Namespace:
-    """The options every study takes: ``--out DIR``, ``--quick``, ``--jobs N``, ``--scheduler ADDRESS``.
+def parse_args(prog: str, doc: str, default_out: str, argv: list[str] | None,
+               options: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The options every study takes: ``--out DIR``, ``--quick``, ``--jobs N``, ``--scheduler ADDRESS``,
+    and the study's own, which ``options(parser)`` adds.
 
     Checked before any work: the output folder must be writable now, not after the study has run.
     """
@@ -43,6 +45,8 @@ def parse_args(prog: str, doc: str, default_out: str, argv: list[str] | None) ->
     parser.add_argument("--jobs", type=integer, default=default_jobs(),
                         help="worker processes on this machine (default: every core)")
     parser.add_argument("--scheduler", help="run on a Dask cluster: its scheduler's address, tcp://HOST:8786")
+    if options is not None:
+        options(parser)
     args = parser.parse_args(argv)
     try:
         args.out = check_out_dir(args.out)

@@ -14,6 +14,13 @@ bf16: half the bytes) — on the presets, and writes ``results/precision/``:
   overflow, steps and simulated seconds to 95 % held-out accuracy;
 - ``precision.png``: step time by format, drawn from the CSV.
 
+With ``--measure`` (root: the emulated network of ``real.testbed``) the executor
+checks the same claim on this machine: all-reduce with fp32, fp16 and bf16 on
+the wire (DDP's compression hook) and with bf16 autocast compute, two workers
+training LeNet behind 50 Mbit/s and 1 Gbit/s links, each predicted and measured
+by ``studies.validation`` into ``OUT/measured/``, and the measured speed-up of
+each half printed beside the predicted one.
+
 Compute time. The workload presets are timed at the A100's 16-bit tensor-core
 peak (312 TFLOP/s) and a model-FLOP utilisation: they are the *autocast*
 compute time. Without autocast the same matmuls run in TF32 at half that peak
@@ -46,6 +53,11 @@ from syncsim.schemes import PRECISIONS, AllReduce
 # 494.7 vs 989.4 on H100 SXM (H100 datasheet).
 FP32_COMPUTE_FACTOR = 2.0
 TARGET, LR, MOMENTUM, REPLAY_BATCH, REPLAY_STEPS = 0.95, 0.3, 0.5, 16, 200
+# --measure: every format against fp32, on links where communication dominates (50 Mbit/s) and where
+# compute does (1 Gbit/s), two workers, the larger of the executor's models.
+MEASURED_SCHEMES = ("allreduce", "allreduce:precision=fp16", "allreduce:precision=bf16", "allreduce:amp=true",
+                    "allreduce:amp=true,precision=fp16")
+MEASURED_RATES, MEASURED_WORKERS, MEASURED_MODEL = ("50Mbit/s", "1Gbit/s"), 2, "lenet"
 
 
 @dataclass(frozen=True)
@@ -146,8 +158,41 @@ def verdict(data: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def measure(out: Path) -> int:
+    """The executor's half (``--measure``): studies.validation over the formats; its exit code."""
+    from studies import validation
+
+    return validation.main(["--schemes", ",".join(MEASURED_SCHEMES), "--worlds", str(MEASURED_WORKERS),
+                            "--bandwidths", ",".join(MEASURED_RATES), "--models", MEASURED_MODEL, "--slow", "1",
+                            "--out", str(out)])
+
+
+def measured_verdict(data: pd.DataFrame) -> str:
+    """Measured against predicted speed-up of each format over fp32, per link rate, from validation.csv."""
+    from syncsim.schemes import parse
+
+    data = data[(data["world"] == MEASURED_WORKERS) & (data["error"].fillna("") == "")].copy()
+    specs = data["scheme"].map(parse)
+    data["format"] = [("autocast" if s.amp else "fp32") + "/" + s.precision for s in specs]
+    lines = ["measured on the emulated network (predicted), step-time speed-up over fp32 compute and wire:"]
+    for rate, rows in data.groupby("bandwidth", sort=False):
+        t = rows.set_index("format")
+        if "fp32/fp32" not in t.index:
+            continue
+        parts = [f"{fmt} x{t.at['fp32/fp32', 'measured_step_time'] / t.at[fmt, 'measured_step_time']:.2f} "
+                 f"(x{t.at['fp32/fp32', 'predicted_step_time'] / t.at[fmt, 'predicted_step_time']:.2f})"
+                 for fmt in t.index if fmt != "fp32/fp32"]
+        lines.append(f"  {rate}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def options(parser) -> None:
+    parser.add_argument("--measure", action="store_true",
+                        help="also run the executor on the emulated network (root; about ten minutes)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args("python -m studies.precision", __doc__, "results/precision", argv)
+    args = parse_args("python -m studies.precision", __doc__, "results/precision", argv, options)
     study = quick() if args.quick else Study()
     started = time.perf_counter()
     rows = sweep.run(execute, study.runs(), study="precision", out=args.out, jobs=args.jobs,
@@ -158,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     figure = plot(csv, out)
     print(verdict(data))
     print(f"\nwrote {csv}, {figure} ({len(data)} configurations in {time.perf_counter() - started:.1f} s)")
+    if args.measure:
+        code = measure(out / "measured")
+        if code:
+            return code
+        print(measured_verdict(pd.read_csv(out / "measured" / "validation.csv", keep_default_na=False,
+                                           na_values=[""])))
     return 0
 
 

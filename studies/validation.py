@@ -148,8 +148,10 @@ def calibrate(config: Config, args: argparse.Namespace):
     folder = args.out / "calibration"
     measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats)
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
-    compute = measure_compute(config.model, args.batch_size, config.world, folder, work=config.work)
-    collective = fits[f"allreduce_{parse(config.scheme).precision}"]  # the scheme's wire precision
+    spec = parse(config.scheme)
+    # the scheme's compute format: under autocast (amp=true) the forward and backward are timed under it too
+    compute = measure_compute(config.model, args.batch_size, config.world, folder, work=config.work, amp=spec.amp)
+    collective = fits[f"allreduce_{spec.precision}"]  # the scheme's wire precision
     link = Link(bandwidth=collective["bandwidth"], latency=collective["alpha"], burst=burst)
     server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"], burst=burst)
     speed = None
