@@ -1,6 +1,6 @@
 """Mixed precision, in numbers: fp32, fp16 and bf16 on the wire, with and without autocast compute.
 
-``python -m studies.precision [--quick] [--out DIR] [--jobs N] [--scheduler ADDRESS]``
+``python -m studies.precision [--quick] [--measure] [--out DIR] [--jobs N] [--scheduler ADDRESS]``
 checks the claim that mixed precision speeds up training, separating its two
 parts — 16-bit *compute* (autocast, a numeric format: fp32 master weights,
 16-bit matmuls) and 16-bit *communication* (gradients all-reduced in fp16 or

@@ -340,8 +340,18 @@ FLAGS = {"scheme": "--schemes", "world": "--worlds", "bandwidth": "--bandwidths"
 
 
 def _items(flag: str, text: str, kind=str) -> tuple:
-    """A comma-separated option's values, or ValueError naming the option."""
+    """A comma-separated option's values, or ValueError naming the option. In ``--schemes`` a comma also
+    separates a scheme's own options: an item ``key=value`` continues the scheme before it
+    (``allreduce:amp=true,precision=fp16,ps`` is two schemes)."""
     items = [item.strip() for item in text.split(",")]
+    if flag == "--schemes":
+        joined: list[str] = []
+        for item in items:
+            if joined and "=" in item and ":" not in item:
+                joined[-1] += "," + item
+            else:
+                joined.append(item)
+        items = joined
     if not all(items):
         raise ValueError(f"{flag} must be a comma-separated list without empty items, got {text!r}")
     if kind is int:

@@ -86,3 +86,27 @@ def test_precision_study_separates_compute_from_wire(tmp_path):
     by_wire = data.pivot_table(index=key, columns="precision", values="step_time")
     assert (by_wire["fp16"] <= by_wire["fp32"] * (1 + 1e-12)).all()
     assert (tmp_path / "precision.png").exists()
+
+
+def test_precision_measure_asks_the_validation_for_every_format(monkeypatch, tmp_path):
+    # --measure is studies.validation over the formats, not a second runner: its arguments must parse
+    # into one configuration per format and link (plus the one-worker baseline), with no straggler rows.
+    from studies import precision, validation
+
+    seen = []
+    monkeypatch.setattr(validation, "main", lambda argv: seen.append(argv) or 0)
+    assert precision.measure(tmp_path / "measured") == 0
+    configs = validation.parse_args(seen[0]).configs
+    formats = {(c.scheme, c.bandwidth) for c in configs if c.world == precision.MEASURED_WORKERS}
+    assert len(formats) == len(precision.MEASURED_SCHEMES) * len(precision.MEASURED_RATES)
+    assert all(c.slow == 1.0 for c in configs) and {c.world for c in configs} == {1, precision.MEASURED_WORKERS}
+
+
+def test_measured_verdict_divides_fp32_by_each_format_per_link():
+    from studies import precision
+
+    rows = [("allreduce", 0.40, 0.50), ("allreduce:precision=fp16", 0.20, 0.25), ("allreduce:amp=true", 0.5, 0.8)]
+    frame = pd.DataFrame([{"scheme": s, "world": 2, "bandwidth": "50Mbit/s", "predicted_step_time": p,
+                           "measured_step_time": m, "error": ""} for s, p, m in rows])
+    text = precision.measured_verdict(frame)
+    assert "fp32/fp16 x2.00 (x2.00)" in text and "autocast/fp32 x0.62 (x0.80)" in text

@@ -26,6 +26,12 @@ def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
         assert any(c.scheme == "allreduce" and c.world == 1 and c.model == model for c in configs)
 
 
+def test_a_scheme_with_several_options_stays_one_scheme_in_the_list():
+    text = "allreduce:amp=true,precision=fp16, ps:staleness=2,localsgd"
+    assert validation._items("--schemes", text) == ("allreduce:amp=true,precision=fp16", "ps:staleness=2", "localsgd")
+    assert validation._items("--models", "mlp,lenet") == ("mlp", "lenet")
+
+
 def test_quick_grid_has_an_asynchronous_row():
     assert any(c.scheme == "ps:mode=async" for c in validation.quick_grid())
 
