@@ -146,11 +146,13 @@ def calibrate(config: Config, args: argparse.Namespace):
     from syncsim.schemes import parse
 
     folder = args.out / "calibration"
-    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats)
-    fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     spec = parse(config.scheme)
     # the scheme's compute format: under autocast (amp=true) the forward and backward are timed under it too
     compute = measure_compute(config.model, args.batch_size, config.world, folder, work=config.work, amp=spec.amp)
+    # the links' rates around the size of what the run sends at once: the gradient at the wire precision
+    message = sum(compute["layers"]) * spec.wire_ratio
+    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message)
+    fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     collective = fits[f"allreduce_{spec.precision}"]  # the scheme's wire precision
     link = Link(bandwidth=collective["bandwidth"], latency=collective["alpha"], burst=burst)
     server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"], burst=burst)

@@ -113,7 +113,7 @@ from collections.abc import Callable
 from syncsim.cluster import Cluster
 
 __all__ = [
-    "ALGORITHMS", "NCCL_ALGORITHMS", "allreduce_time", "choose", "ring_allreduce_time",
+    "ALGORITHMS", "NCCL_ALGORITHMS", "allreduce_time", "choose",
     "ring_time", "tree_time", "hierarchical_time", "binomial_time", "tree_node_edges", "ring_inter_hops",
     "tree_efficiency",
     "pipeline_time",
@@ -136,13 +136,6 @@ def tree_efficiency(nbytes: float) -> float:
 TREE_CHUNK_BYTES = 256 * 2**10
 TREE_CHUNK_BANDWIDTH = 12e9
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "binomial")
-
-
-def ring_allreduce_time(p: int, nbytes: float, latency: float, bandwidth: float) -> float:
-    """Textbook ring all-reduce over ``p`` peers on one kind of link: 2(p−1)α + 2(p−1)/p·n/B."""
-    if p <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (p - 1) * latency + 2 * (p - 1) / p * nbytes / bandwidth
 
 
 def tree_node_edges(nodes: int) -> int:

@@ -45,6 +45,7 @@ COMPUTE_STEPS, COMPUTE_SECONDS, COMPUTE_WARMUP, MAX_COMPUTE_STEPS = 40, 2.0, 5, 
 WORKS = ("allreduce", "push-pull", "local")
 SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
 BURSTS_FOR_RATE = 2  # messages this many tbf buckets long or more time the link's sustained rate
+RATE_WINDOW = 2.0  # given the run's message size, the rate is fitted over probe messages within this factor of it
 
 
 def slug(text: str) -> str:
@@ -60,8 +61,10 @@ def _cached(path: Path, measure) -> dict:
     return result
 
 
-def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5) -> dict:
-    """Probe a 2-host testbed at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket, "fits": fit_links}."""
+def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
+                 message_bytes: float | None = None) -> dict:
+    """Probe a 2-host testbed at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket, "fits": fit_links},
+    the rates fitted around ``message_bytes`` when given (see fit_links)."""
 
     def measure() -> dict:
         from real.testbed.launcher import torchrun_on
@@ -82,10 +85,10 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
 
     # The raw sweep is cached; the fit is made from it each time.
     measured = _cached(folder / f"link-{slug(bandwidth)}.json", measure)
-    return measured | {"fits": fit_links(measured["probe"], measured["burst"])}
+    return measured | {"fits": fit_links(measured["probe"], measured["burst"], message_bytes)}
 
 
-def fit_links(probe: dict, burst: float) -> dict:
+def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> dict:
     """α, B (and the bucket they imply) of the probe's ping-pong and all-reduces on a token-bucket link.
 
     Every timed message met a full bucket of ``burst`` bytes, so a message of n bytes takes
@@ -96,6 +99,13 @@ def fit_links(probe: dict, burst: float) -> dict:
     then tells the bucket, a check on the model: ``burst_fitted`` = (messages·α - intercept)·B.
     The all-reduce is fitted at each wire precision the probe timed: its rate includes the
     reduction arithmetic, which on CPUs costs as much per byte as the link for fp16.
+
+    Given ``message_bytes`` (what the run sends at once: its gradient at the wire precision), B is
+    fitted over the probe's messages within a factor RATE_WINDOW of it, as nccl-tests' bus bandwidth is
+    read at the size of interest: TCP through a shaper does not reach one rate at every size (at
+    50 Mbit/s a two-host all-reduce moved 5.7 MB/s at 0.5 MiB and 4.8 MB/s at 1–2 MiB, while a
+    ping-pong moved 6.0–6.1 MB/s at both), so a rate fitted over every size belongs to none of them.
+    Fewer than two such messages, and the fit uses every large one.
     """
     import numpy as np
 
@@ -109,6 +119,10 @@ def fit_links(probe: dict, burst: float) -> dict:
         rows = probe[name]
         n, t = (np.array([row[i] for row in rows], dtype=float) for i in (0, 1))
         large = n * scale >= BURSTS_FOR_RATE * burst
+        if message_bytes is not None:
+            near = large & (n >= message_bytes / RATE_WINDOW) & (n <= message_bytes * RATE_WINDOW)
+            if near.sum() >= 2:
+                large = near
         small = n * scale <= max(burst / 2, (n * scale).min())
         intercept, slope, r2, residuals = fit_linear(n[large], t[large])
         # the median of every timing of the small messages: a stall of the shared machine moves a mean

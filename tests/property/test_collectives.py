@@ -105,6 +105,33 @@ def test_tree_efficiency_follows_nccl_tuner(nbytes, factor):
     assert tree_efficiency(nbytes) == pytest.approx(0.92 * factor)
 
 
+# The Simple protocol's row of treeCorrectionFactor in NCCL's tuning.cc, index log2(n/64), as published.
+NCCL_TREE_CORRECTION_SIMPLE = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8,
+                               .9, .9)
+
+
+@pytest.mark.parametrize("index", range(len(NCCL_TREE_CORRECTION_SIMPLE)))
+def test_every_tree_correction_entry_is_nccl_s(index):
+    low, high = 64 * 2**index, 64 * 2 ** (index + 1) - 1  # both ends of the entry's range of sizes
+    for nbytes in (low, high):
+        assert tree_efficiency(nbytes) == pytest.approx(0.92 * NCCL_TREE_CORRECTION_SIMPLE[index])
+
+
+# Basis: the message is cut into ceil(n/chunk) equal chunks, a partial last one counting as one (NCCL
+# and Horovod cut by size); with c chunks the pipeline is one chunk through the three phases, then one
+# chunk per period max(scatter + gather, across) — the GPU link carries phases 1 and 3 together.
+@given(shapes, st.floats(1e6, 1e9), bandwidths, bandwidths, st.floats(1.01, 40.0))
+def test_hierarchical_counts_a_partial_chunk(shape, chunk, b_i, b_n, chunks_wanted):
+    m, g, r = shape
+    n = chunk * chunks_wanted
+    cluster = _cluster(shape, 0.0, b_i, 0.0, b_n).replace(chunk_bytes=chunk)
+    c = math.ceil(chunks_wanted)
+    scatter = (g - 1) / g * (n / c) / b_i
+    across = 2 * (m - 1) / m * (n / c) / (r * b_n)
+    expected = 2 * scatter + across + (c - 1) * max(2 * scatter, across)
+    assert hierarchical_time(cluster, n) == pytest.approx(expected, rel=1e-9)
+
+
 @given(shapes, sizes, latencies, bandwidths, latencies, bandwidths, st.floats(0.0, 1e-4))
 def test_tree_matches_the_trees_built_rank_by_rank(shape, n, a_i, b_i, a_n, b_n, launch):
     m, g, r = shape
