@@ -153,8 +153,11 @@ def calibrate(config: Config, args: argparse.Namespace):
     message = sum(compute["layers"]) * spec.wire_ratio
     measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message)
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
-    collective = fits[f"allreduce_{spec.precision}"]  # the scheme's wire precision
-    link = Link(bandwidth=collective["bandwidth"], latency=collective["alpha"], burst=burst)
+    # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
+    # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes
+    # and pulls (the same shaped veth; a collective's rate would charge them its reduction and rounds).
+    sent = fits["pingpong"] if config.servers else fits[f"allreduce_{spec.precision}"]
+    link = Link(bandwidth=sent["bandwidth"], latency=sent["alpha"], burst=burst)
     server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"], burst=burst)
     speed = None
     if config.slow > 1:  # the slowed rank computes for as long as real.executor makes it: see slow_speed
