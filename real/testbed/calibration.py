@@ -100,12 +100,12 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
     The all-reduce is fitted at each wire precision the probe timed: its rate includes the
     reduction arithmetic, which on CPUs costs as much per byte as the link for fp16.
 
-    Given ``message_bytes`` (what the run sends at once: its gradient at the wire precision), B is
-    fitted over the probe's messages within a factor RATE_WINDOW of it, as nccl-tests' bus bandwidth is
-    read at the size of interest: TCP through a shaper does not reach one rate at every size (at
-    50 Mbit/s a two-host all-reduce moved 5.7 MB/s at 0.5 MiB and 4.8 MB/s at 1–2 MiB, while a
-    ping-pong moved 6.0–6.1 MB/s at both), so a rate fitted over every size belongs to none of them.
-    Fewer than two such messages, and the fit uses every large one.
+    Given ``message_bytes`` (what a push or pull sends at once: the gradient at the wire precision),
+    the ping-pong's B is fitted over the probe's messages within a factor RATE_WINDOW of it, as
+    nccl-tests' bus bandwidth is read at the size of interest: TCP through a shaper need not reach one
+    rate at every size. A collective's rate is fitted over every large size: the messages it puts on
+    a link are the library's chunks of n/p, which depend on the number of ranks, and a 2-host probe
+    does not share them. Fewer than two messages in the window, and the fit uses every large one.
     """
     import numpy as np
 
@@ -119,7 +119,7 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
         rows = probe[name]
         n, t = (np.array([row[i] for row in rows], dtype=float) for i in (0, 1))
         large = n * scale >= BURSTS_FOR_RATE * burst
-        if message_bytes is not None:
+        if message_bytes is not None and name == "pingpong":
             near = large & (n >= message_bytes / RATE_WINDOW) & (n <= message_bytes * RATE_WINDOW)
             if near.sum() >= 2:
                 large = near
