@@ -89,13 +89,21 @@ def validation(results: Path) -> dict:
     speed = ok["speedup_error"].abs().dropna()
     stale = ok["staleness_mean_error"].abs().dropna() if "staleness_mean_error" in ok else pd.Series(dtype=float)
     worst = ok.assign(abs_error=err).nlargest(3, "abs_error")
+    # link rates in increasing order, as the study's bandwidth strings sort by their parsed value
+    rates = list(ok.groupby("bandwidth")["link_bandwidth"].median().sort_values().index)
     return {
         "configs": str(len(ok)), "failed": str(len(data) - len(ok)), "median": pct(err.median()),
         "max": pct(err.max()), "speedup_median": pct(speed.median()), "speedup_max": pct(speed.max()),
         "staleness_rows": str(len(stale)), "staleness_median": pct(stale.median()), "staleness_max": pct(stale.max()),
         "schemes": str(ok["scheme"].nunique()),
         "worst": [{"scheme": r.scheme, "world": str(r.world), "bandwidth": str(r.bandwidth), "model": r.model,
+                   "straggler": f", one worker {r.slow:g}× slower" if r.slow > 1 else "",
                    "error": pct(r.rel_error)} for r in worst.itertuples(index=False)],
+        "within10": str(int((err <= 0.10).sum())), "within15": str(int((err <= 0.15).sum())),
+        "by_scheme": [[scheme] + [pct(group.loc[group["bandwidth"] == rate, "rel_error"].abs().median())
+                                  for rate in rates]
+                      for scheme, group in ok.groupby("scheme", sort=True)],
+        "rates": rates,
     }
 
 
@@ -173,7 +181,7 @@ def precision(results: Path) -> dict:
                                                                 columns="precision", values="steps_to_target")
     same = float(((steps["fp16"] - steps["fp32"]).abs() <= 1).mean()) if len(steps) else math.nan
     measured = pd.read_csv(results / "precision/measured/validation.csv", keep_default_na=False, na_values=[""])
-    measured = measured[(measured["world"] >= 2) & (measured["error"].fillna("") == "")]
+    measured = measured[(measured["world"] >= 2) & (measured["error"].astype("string").fillna("") == "")]
     specs = measured["scheme"].map(parse)
     measured = measured.assign(format=[("autocast" if s.amp else "fp32") + "/" + s.precision for s in specs])
     rows, ratio = [], {}
@@ -220,6 +228,8 @@ def tables(numbers: dict) -> str:
                     numbers["staleness"]["table"]),
         typst_table("precision-table", ["GPUs", "autocast compute", "fp16 wire (median)", "fp16 wire (best)"],
                     numbers["precision"]["by_gpus"]),
+        typst_table("validation-table", ["scheme", *numbers["validation"]["rates"]],
+                    numbers["validation"]["by_scheme"]),
         typst_table("precision-measured-table", ["link", "format", "measured", "predicted", "error"],
                     numbers["precision"]["measured"]),
         typst_table("tta-table", ["cluster", "scheme", "steps", "s to 95 %"], numbers["scaling"]["tta16"]),

@@ -171,7 +171,7 @@ def measured_verdict(data: pd.DataFrame) -> str:
     """Measured against predicted speed-up of each format over fp32, per link rate, from validation.csv."""
     from syncsim.schemes import parse
 
-    data = data[(data["world"] == MEASURED_WORKERS) & (data["error"].fillna("") == "")].copy()
+    data = data[(data["world"] == MEASURED_WORKERS) & (data["error"].astype("string").fillna("") == "")].copy()
     specs = data["scheme"].map(parse)
     data["format"] = [("autocast" if s.amp else "fp32") + "/" + s.precision for s in specs]
     lines = ["measured on the emulated network (predicted), step-time speed-up over fp32 compute and wire:"]
