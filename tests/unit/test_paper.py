@@ -32,11 +32,19 @@ def test_the_text_quotes_only_numbers_the_build_writes():
     # every #n.<study>.<key> in paper.typ is produced by that study's function (checked by name)
     import re
     text = (ROOT / "paper" / "paper.typ").read_text()
-    quoted = set(re.findall(r"#n\.([a-z]+)\.([a-z_0-9]+)", text))
+    quoted = set(re.findall(r"#\(?n\.([a-z]+)\.([a-z_0-9]+)", text))
     sources = {name: (ROOT / "paper" / "build.py").read_text() for name in build.STUDIES}
     for study, key in quoted:
         assert study in build.STUDIES, study
         assert f'"{key}"' in sources[study], f"{study}.{key} is quoted but never written"
+
+
+def test_no_quoted_number_swallows_a_semicolon():
+    # Typst ends an embedded expression at a semicolon and drops it: "#n.a.b;" prints the number without
+    # its ";" — write "#(n.a.b);" instead
+    import re
+    text = (ROOT / "paper" / "paper.typ").read_text()
+    assert re.findall(r"#n\.[a-z_0-9.]+;", text) == []
 
 
 @pytest.mark.parametrize("value, text", [(0.0381, "3.8\u00a0%"), (float("nan"), "n/a")])
