@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no mutation target {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
     if shutil.which("cosmic-ray") is None:
         parser.error("cosmic-ray is not installed: pip install -e '.[mutation]'")
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # cosmic-ray runs in the scratch copy: a relative --out would land there
     out.mkdir(parents=True, exist_ok=True)
     # a stopped run still removes its scratch copy (TemporaryDirectory cleans up on SystemExit)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
