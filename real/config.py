@@ -126,7 +126,7 @@ class RunConfig:
         check_choice(owner, "backend", self.backend, BACKENDS)
         check_choice(owner, "device", self.device, DEVICES)
         # Which topology the scheme needs is read off its plan (the actions it
-        # emits), not off its type: see DESIGN.md, "the one rule".
+        # emits), not off its type: the one rule of docs/architecture.md.
         needs_servers = any(isinstance(a, SERVER_ACTIONS) for a in self.actions)
         if needs_servers and self.servers < 1:
             raise ValueError(f"RunConfig.servers: scheme {self.scheme!r} pushes to parameter servers; "

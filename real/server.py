@@ -1,7 +1,7 @@
 """A small parameter server over torch.distributed point-to-point messages.
 
 torch has no parameter server, so this is the one piece the executor builds
-(DESIGN.md, "the real side"). Server ranks world..world+K-1 each hold an
+itself (docs/architecture.md). Server ranks world..world+K-1 each hold an
 equal contiguous shard of the flattened fp32 parameters, a version counter
 and a clock table (completed pushes per worker). Workers talk to every server
 with a 3-int header on tag HEADER followed, for a push, by the gradient shard

@@ -1,6 +1,6 @@
 """An emulated cluster network on one machine: one network namespace per host, rate-limited links.
 
-Layout (DESIGN.md, "The real side"): namespaces ``<name>-h<i>`` (one per host) and ``<name>-br``
+Layout: namespaces ``<name>-h<i>`` (one per host) and ``<name>-br``
 holding a Linux bridge, so nothing is added to the machine's own network namespace. Host i has one
 interface ``tb0`` with address 10.213.1.(101+i)/24, the peer end of its veth pair ``v<i>`` sits on
 the bridge. A token-bucket filter (tbf) limits both ends' egress: ``tb0`` shapes what the host sends,
