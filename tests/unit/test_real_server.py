@@ -226,15 +226,22 @@ def test_the_server_reports_the_latest_step_pushed(monkeypatch):
     assert server.step == 2 and beats.steps == [0, 2]  # each new latest step once
 
 
-@pytest.mark.parametrize("slow,expected", [(1.0, []), (1.5, [2.5])])
+@pytest.mark.parametrize("slow,expected", [(1.0, []), (1.5, [2.5]), (None, [])])
 def test_a_slow_server_sleeps_factor_minus_one_times_its_work(monkeypatch, slow, expected):
     # --slow RANK:F on a server rank: each push takes F times as long (the work, then (F-1)x the work
-    # asleep); F = 1 (every server not named) never sleeps
+    # asleep); F = 1 (every server not named) never sleeps, and neither does a server given no factor
     clock, slept = iter([4.0, 9.0]), []
     monkeypatch.setattr(server_module.time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(server_module.time, "sleep", slept.append)
-    serve(monkeypatch, [*push(0, 0, torch.ones(5), False), *stop(2)], slow=slow)
+    options = {} if slow is None else {"slow": slow}
+    serve(monkeypatch, [*push(0, 0, torch.ones(5), False), *stop(2)], **options)
     assert slept == expected
+
+
+def test_a_server_that_got_no_push_reports_no_step(monkeypatch):
+    # a failure before the first push names no step: the result says -1, below every real step (0, 1, ...)
+    server, _, _ = serve(monkeypatch, [*pull(0), *stop(2)])
+    assert server.result() == {"rank": 2, "role": "server", "pushes": 0, "version": 0, "step": -1}
 
 
 @pytest.mark.parametrize("numel,servers", [(1, 1), (7, 2), (10, 3), (5, 5), (101_770, 4), (3, 4)])
