@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
@@ -59,6 +59,14 @@ def test_ring_is_the_textbook_ring_on_single_gpu_nodes(p, n, alpha, bandwidth, c
 # Basis: NCCL's rings (one channel per NIC, each entering and leaving every node once, through a
 # NIC of its exit GPU's rail). Built channel by channel, the busiest intra link and the busiest NIC
 # carry what the closed form says, and the worst path of 2(p-1) hops crosses what it says.
+# Always also: one node (NICs unused, fewer or more than GPUs), one GPU per node, two nodes, NVLink
+# slower and faster than the NICs, sizes that are not whole bytes — shapes random draws reach rarely.
+@example(shape=(1, 8, 8), n=1234.5, a_i=3e-06, b_i=240000000000.0, a_n=1.4e-05, b_n=12000000000.0, launch=7e-6)
+@example(shape=(1, 4, 16), n=5000000.5, a_i=3e-06, b_i=20000000000.0, a_n=1.4e-05, b_n=48000000000.0, launch=7e-6)
+@example(shape=(2, 1, 1), n=1000000.25, a_i=3e-06, b_i=1000000000.0, a_n=1.4e-05, b_n=12000000000.0, launch=7e-6)
+@example(shape=(2, 1, 4), n=333333.3, a_i=0.0, b_i=1000000000000.0, a_n=1e-05, b_n=5000000000.0, launch=7e-6)
+@example(shape=(5, 1, 2), n=70000000.5, a_i=2e-06, b_i=100000000.0, a_n=1e-05, b_n=25000000000.0, launch=7e-6)
+@example(shape=(3, 2, 8), n=400000.75, a_i=1e-06, b_i=50000000000.0, a_n=5e-06, b_n=12000000000.0, launch=7e-6)
 @given(shapes, sizes, latencies, bandwidths, latencies, bandwidths, st.floats(0.0, 1e-4))
 def test_ring_matches_the_channels_built_rank_by_rank(shape, n, a_i, b_i, a_n, b_n, launch):
     m, g, r = shape
@@ -132,6 +140,14 @@ def test_hierarchical_counts_a_partial_chunk(shape, chunk, b_i, b_n, chunks_want
     assert hierarchical_time(cluster, n) == pytest.approx(expected, rel=1e-9)
 
 
+# Always also: one node (NICs unused, fewer or more than GPUs), one GPU per node, two nodes, NVLink
+# slower and faster than the NICs, sizes that are not whole bytes — shapes random draws reach rarely.
+@example(shape=(1, 8, 8), n=1234.5, a_i=3e-06, b_i=240000000000.0, a_n=1.4e-05, b_n=12000000000.0, launch=7e-6)
+@example(shape=(1, 4, 16), n=5000000.5, a_i=3e-06, b_i=20000000000.0, a_n=1.4e-05, b_n=48000000000.0, launch=7e-6)
+@example(shape=(2, 1, 1), n=1000000.25, a_i=3e-06, b_i=1000000000.0, a_n=1.4e-05, b_n=12000000000.0, launch=7e-6)
+@example(shape=(2, 1, 4), n=333333.3, a_i=0.0, b_i=1000000000000.0, a_n=1e-05, b_n=5000000000.0, launch=7e-6)
+@example(shape=(5, 1, 2), n=70000000.5, a_i=2e-06, b_i=100000000.0, a_n=1e-05, b_n=25000000000.0, launch=7e-6)
+@example(shape=(3, 2, 8), n=400000.75, a_i=1e-06, b_i=50000000000.0, a_n=5e-06, b_n=12000000000.0, launch=7e-6)
 @given(shapes, sizes, latencies, bandwidths, latencies, bandwidths, st.floats(0.0, 1e-4))
 def test_tree_matches_the_trees_built_rank_by_rank(shape, n, a_i, b_i, a_n, b_n, launch):
     m, g, r = shape
@@ -154,6 +170,14 @@ def test_tree_matches_the_trees_built_rank_by_rank(shape, n, a_i, b_i, a_n, b_n,
 # Basis: with one chunk the hierarchical all-reduce is three phases one after another (Horovod's
 # unpipelined form): ring reduce-scatter over g, ring all-reduce of n/g over m on a rail of r·B_n/g,
 # ring all-gather over g (Thakur et al. 2005 for each ring).
+# Always also: one node (NICs unused, fewer or more than GPUs), one GPU per node, two nodes, NVLink
+# slower and faster than the NICs, sizes that are not whole bytes — shapes random draws reach rarely.
+@example(shape=(1, 8, 8), n=1234.5, a_i=3e-06, b_i=240000000000.0, a_n=1.4e-05, b_n=12000000000.0)
+@example(shape=(1, 4, 16), n=5000000.5, a_i=3e-06, b_i=20000000000.0, a_n=1.4e-05, b_n=48000000000.0)
+@example(shape=(2, 1, 1), n=1000000.25, a_i=3e-06, b_i=1000000000.0, a_n=1.4e-05, b_n=12000000000.0)
+@example(shape=(2, 1, 4), n=333333.3, a_i=0.0, b_i=1000000000000.0, a_n=1e-05, b_n=5000000000.0)
+@example(shape=(5, 1, 2), n=70000000.5, a_i=2e-06, b_i=100000000.0, a_n=1e-05, b_n=25000000000.0)
+@example(shape=(3, 2, 8), n=400000.75, a_i=1e-06, b_i=50000000000.0, a_n=5e-06, b_n=12000000000.0)
 @given(shapes, sizes, latencies, bandwidths, latencies, bandwidths)
 def test_hierarchical_unpipelined_is_the_sum_of_its_phases(shape, n, a_i, b_i, a_n, b_n):
     m, g, r = shape
@@ -177,6 +201,9 @@ def test_hierarchical_pipeline_bounds(shape, n, b_i, b_n, chunk):
 
 
 # Basis: binomial reduce then broadcast (Thakur et al. 2005), every round at the slowest hop.
+@example(m=1, g=2, n=1e6, a_i=1e-6, b_i=1e10, a_n=1e-5, b_n=1e9)
+@example(m=2, g=1, n=1e6, a_i=1e-4, b_i=1e8, a_n=1e-5, b_n=1e9)  # the idle intra link must not count
+@example(m=4, g=1, n=3e5, a_i=1e-4, b_i=1e8, a_n=1e-5, b_n=1e9)
 @given(st.integers(1, 8), st.integers(1, 8), sizes, latencies, bandwidths, latencies, bandwidths)
 def test_binomial_closed_form(m, g, n, a_i, b_i, a_n, b_n):
     cluster = Cluster(nodes=m, gpus_per_node=g, intra=Link(b_i, a_i), inter=Link(b_n, a_n))
@@ -258,6 +285,15 @@ def test_back_to_back_buckets_share_one_burst(p, n, bandwidth, burst):
 
 # Basis: with one GPU there is nobody to exchange with, and zero bytes need no exchange: every
 # algorithm costs nothing (a mutation survivor charged a lone tree a second).
+# Basis: any message, however small, is a collective: it pays the launch and its hops' latencies.
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "tree", "hierarchical", "binomial"])
+@pytest.mark.parametrize("nbytes", [0.5, 1.0, 4.0])
+def test_a_tiny_message_still_pays_the_launch(algorithm, nbytes):
+    cluster = Cluster(nodes=2, gpus_per_node=4, intra=Link("100GB/s", "2us"), inter=Link("10GB/s", "5us"),
+                      collective_latency="8us")
+    assert allreduce_time(algorithm, nbytes, cluster) >= 8e-6 + 2e-6
+
+
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "tree", "hierarchical", "binomial"])
 def test_nothing_to_reduce_costs_nothing(algorithm):
     alone = Cluster.homogeneous(1, Link("10GB/s", "5us"))
