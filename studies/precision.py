@@ -188,11 +188,18 @@ def measured_verdict(data: pd.DataFrame) -> str:
 
 def options(parser) -> None:
     parser.add_argument("--measure", action="store_true",
-                        help="also run the executor on the emulated network (root; about ten minutes)")
+                        help="also run the executor on the emulated network (root; about four minutes)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args("python -m studies.precision", __doc__, "results/precision", argv, options)
+    if args.measure:  # the emulated network needs root and iproute2: say so before any work
+        from real.testbed import unavailable
+        from syncsim.arguments import fail
+
+        reason = unavailable()
+        if reason:
+            return fail("studies.precision", f"--measure: {reason}")
     study = quick() if args.quick else Study()
     started = time.perf_counter()
     rows = sweep.run(execute, study.runs(), study="precision", out=args.out, jobs=args.jobs,

@@ -110,3 +110,13 @@ def test_measured_verdict_divides_fp32_by_each_format_per_link():
                            "measured_step_time": m, "error": ""} for s, p, m in rows])
     text = precision.measured_verdict(frame)
     assert "fp32/fp16 x2.00 (x2.00)" in text and "autocast/fp32 x0.62 (x0.80)" in text
+
+
+def test_precision_measure_without_a_testbed_stops_before_any_work(monkeypatch, tmp_path, capsys):
+    from studies import precision
+
+    monkeypatch.setattr("real.testbed.unavailable", lambda: "the testbed needs root")
+    out = tmp_path / "out"
+    assert precision.main(["--measure", "--quick", "--out", str(out)]) == 2
+    assert "--measure: the testbed needs root" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())
