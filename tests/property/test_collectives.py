@@ -36,6 +36,28 @@ bandwidths = st.floats(1e8, 1e12)
 shapes = st.tuples(st.integers(1, 24), st.integers(1, 9), st.integers(1, 12))  # nodes, GPUs per node, NICs
 
 
+# Shapes random draws reach rarely: one node (NICs unused, fewer or more than GPUs), one GPU per node,
+# two nodes, NVLink slower and faster than the NICs, sizes that are not whole bytes.
+# (shape, n, a_i, b_i, a_n, b_n)
+EDGE_CASES = [
+    ((1, 8, 8), 1234.5, 3e-6, 240e9, 14e-6, 12e9),
+    ((1, 4, 16), 5e6 + 0.5, 3e-6, 20e9, 14e-6, 48e9),
+    ((2, 1, 1), 1e6 + 0.25, 3e-6, 1e9, 14e-6, 12e9),
+    ((2, 1, 4), 333_333.3, 0.0, 1e12, 1e-5, 5e9),
+    ((5, 1, 2), 7e7 + 0.5, 2e-6, 1e8, 1e-5, 25e9),
+    ((3, 2, 8), 4e5 + 0.75, 1e-6, 50e9, 5e-6, 12e9),
+]
+
+
+def with_edge_cases(**extra):
+    """Run a (shape, n, a_i, b_i, a_n, b_n, ...) property on EDGE_CASES too, each with ``extra`` arguments."""
+    def decorate(test):
+        for shape, n, a_i, b_i, a_n, b_n in EDGE_CASES:
+            test = example(shape=shape, n=n, a_i=a_i, b_i=b_i, a_n=a_n, b_n=b_n, **extra)(test)
+        return test
+    return decorate
+
+
 def _one_bucket(n: float, algorithm: str) -> AllReduce:
     return AllReduce(algorithm=algorithm, bucket_bytes=n * 2, overlap=False)  # one bucket, after backward
 
@@ -59,14 +81,7 @@ def test_ring_is_the_textbook_ring_on_single_gpu_nodes(p, n, alpha, bandwidth, c
 # Basis: NCCL's rings (one channel per NIC, each entering and leaving every node once, through a
 # NIC of its exit GPU's rail). Built channel by channel, the busiest intra link and the busiest NIC
 # carry what the closed form says, and the worst path of 2(p-1) hops crosses what it says.
-# Always also: one node (NICs unused, fewer or more than GPUs), one GPU per node, two nodes, NVLink
-# slower and faster than the NICs, sizes that are not whole bytes — shapes random draws reach rarely.
-@example(shape=(1, 8, 8), n=1234.5, a_i=3e-06, b_i=240000000000.0, a_n=1.4e-05, b_n=12000000000.0, launch=7e-6)
-@example(shape=(1, 4, 16), n=5000000.5, a_i=3e-06, b_i=20000000000.0, a_n=1.4e-05, b_n=48000000000.0, launch=7e-6)
-@example(shape=(2, 1, 1), n=1000000.25, a_i=3e-06, b_i=1000000000.0, a_n=1.4e-05, b_n=12000000000.0, launch=7e-6)
-@example(shape=(2, 1, 4), n=333333.3, a_i=0.0, b_i=1000000000000.0, a_n=1e-05, b_n=5000000000.0, launch=7e-6)
-@example(shape=(5, 1, 2), n=70000000.5, a_i=2e-06, b_i=100000000.0, a_n=1e-05, b_n=25000000000.0, launch=7e-6)
-@example(shape=(3, 2, 8), n=400000.75, a_i=1e-06, b_i=50000000000.0, a_n=5e-06, b_n=12000000000.0, launch=7e-6)
+@with_edge_cases(launch=7e-6)
 @given(shapes, sizes, latencies, bandwidths, latencies, bandwidths, st.floats(0.0, 1e-4))
 def test_ring_matches_the_channels_built_rank_by_rank(shape, n, a_i, b_i, a_n, b_n, launch):
     m, g, r = shape
@@ -140,14 +155,7 @@ def test_hierarchical_counts_a_partial_chunk(shape, chunk, b_i, b_n, chunks_want
     assert hierarchical_time(cluster, n) == pytest.approx(expected, rel=1e-9)
 
 
-# Always also: one node (NICs unused, fewer or more than GPUs), one GPU per node, two nodes, NVLink
-# slower and faster than the NICs, sizes that are not whole bytes — shapes random draws reach rarely.
-@example(shape=(1, 8, 8), n=1234.5, a_i=3e-06, b_i=240000000000.0, a_n=1.4e-05, b_n=12000000000.0, launch=7e-6)
-@example(shape=(1, 4, 16), n=5000000.5, a_i=3e-06, b_i=20000000000.0, a_n=1.4e-05, b_n=48000000000.0, launch=7e-6)
-@example(shape=(2, 1, 1), n=1000000.25, a_i=3e-06, b_i=1000000000.0, a_n=1.4e-05, b_n=12000000000.0, launch=7e-6)
-@example(shape=(2, 1, 4), n=333333.3, a_i=0.0, b_i=1000000000000.0, a_n=1e-05, b_n=5000000000.0, launch=7e-6)
-@example(shape=(5, 1, 2), n=70000000.5, a_i=2e-06, b_i=100000000.0, a_n=1e-05, b_n=25000000000.0, launch=7e-6)
-@example(shape=(3, 2, 8), n=400000.75, a_i=1e-06, b_i=50000000000.0, a_n=5e-06, b_n=12000000000.0, launch=7e-6)
+@with_edge_cases(launch=7e-6)
 @given(shapes, sizes, latencies, bandwidths, latencies, bandwidths, st.floats(0.0, 1e-4))
 def test_tree_matches_the_trees_built_rank_by_rank(shape, n, a_i, b_i, a_n, b_n, launch):
     m, g, r = shape
@@ -170,14 +178,7 @@ def test_tree_matches_the_trees_built_rank_by_rank(shape, n, a_i, b_i, a_n, b_n,
 # Basis: with one chunk the hierarchical all-reduce is three phases one after another (Horovod's
 # unpipelined form): ring reduce-scatter over g, ring all-reduce of n/g over m on a rail of r·B_n/g,
 # ring all-gather over g (Thakur et al. 2005 for each ring).
-# Always also: one node (NICs unused, fewer or more than GPUs), one GPU per node, two nodes, NVLink
-# slower and faster than the NICs, sizes that are not whole bytes — shapes random draws reach rarely.
-@example(shape=(1, 8, 8), n=1234.5, a_i=3e-06, b_i=240000000000.0, a_n=1.4e-05, b_n=12000000000.0)
-@example(shape=(1, 4, 16), n=5000000.5, a_i=3e-06, b_i=20000000000.0, a_n=1.4e-05, b_n=48000000000.0)
-@example(shape=(2, 1, 1), n=1000000.25, a_i=3e-06, b_i=1000000000.0, a_n=1.4e-05, b_n=12000000000.0)
-@example(shape=(2, 1, 4), n=333333.3, a_i=0.0, b_i=1000000000000.0, a_n=1e-05, b_n=5000000000.0)
-@example(shape=(5, 1, 2), n=70000000.5, a_i=2e-06, b_i=100000000.0, a_n=1e-05, b_n=25000000000.0)
-@example(shape=(3, 2, 8), n=400000.75, a_i=1e-06, b_i=50000000000.0, a_n=5e-06, b_n=12000000000.0)
+@with_edge_cases()
 @given(shapes, sizes, latencies, bandwidths, latencies, bandwidths)
 def test_hierarchical_unpipelined_is_the_sum_of_its_phases(shape, n, a_i, b_i, a_n, b_n):
     m, g, r = shape
