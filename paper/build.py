@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from syncsim.schemes import parse
+from studies.precision import measured_speedups
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "paper"
@@ -180,20 +180,11 @@ def precision(results: Path) -> dict:
     steps = data.dropna(subset=["steps_to_target"]).pivot_table(index=["cluster", "workload", "gpus", "compute"],
                                                                 columns="precision", values="steps_to_target")
     same = float(((steps["fp16"] - steps["fp32"]).abs() <= 1).mean()) if len(steps) else math.nan
-    measured = pd.read_csv(results / "precision/measured/validation.csv", keep_default_na=False, na_values=[""])
-    measured = measured[(measured["world"] >= 2) & (measured["error"].astype("string").fillna("") == "")]
-    specs = measured["scheme"].map(parse)
-    measured = measured.assign(format=[("autocast" if s.amp else "fp32") + "/" + s.precision for s in specs])
-    rows, ratio = [], {}
-    for rate, group in measured.groupby("bandwidth", sort=False):
-        t = group.set_index("format")
-        base = t.loc["fp32/fp32"]  # fp32 compute and wire: what each format is a speed-up over
-        for fmt in t.index.drop("fp32/fp32"):
-            m = base["measured_step_time"] / t.at[fmt, "measured_step_time"]
-            q = base["predicted_step_time"] / t.at[fmt, "predicted_step_time"]
-            ratio[(rate, fmt)] = m
-            rows.append([rate, fmt.replace("/", " compute, ") + " wire", f"×{m:.2f}", f"×{q:.2f}",
-                         pct(q / m - 1)])
+    measured = measured_speedups(pd.read_csv(results / "precision/measured/validation.csv", keep_default_na=False,
+                                             na_values=[""]))
+    rows = [[r.bandwidth, r.format.replace("/", " compute, ") + " wire", f"×{r.measured:.2f}",
+             f"×{r.predicted:.2f}", pct(r.predicted / r.measured - 1)] for r in measured.itertuples(index=False)]
+    ratio = measured.set_index(["bandwidth", "format"])["measured"]
     rates = measured.groupby("bandwidth", sort=False)["link_bandwidth"].first().sort_values()
     slow_rate, fast_rate = rates.index[0], rates.index[-1]
     return {"by_gpus": by_gpus, "skipped": pct(skipped.mean(), 2) if len(skipped) else "n/a",

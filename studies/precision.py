@@ -167,22 +167,33 @@ def measure(out: Path) -> int:
                             "--out", str(out)])
 
 
-def measured_verdict(data: pd.DataFrame) -> str:
-    """Measured against predicted speed-up of each format over fp32, per link rate, from validation.csv."""
+def measured_speedups(data: pd.DataFrame) -> pd.DataFrame:
+    """Per link rate and format (``compute/wire``, e.g. ``autocast/fp16``), the measured and predicted
+    step-time speed-up over fp32 compute and wire, from the --measure run's validation.csv."""
     from syncsim.schemes import parse
 
-    data = data[(data["world"] == MEASURED_WORKERS) & (data["error"].astype("string").fillna("") == "")].copy()
+    data = data[(data["world"] == MEASURED_WORKERS) & (data["error"].astype("string").fillna("") == "")]
     specs = data["scheme"].map(parse)
-    data["format"] = [("autocast" if s.amp else "fp32") + "/" + s.precision for s in specs]
-    lines = ["measured on the emulated network (predicted), step-time speed-up over fp32 compute and wire:"]
-    for rate, rows in data.groupby("bandwidth", sort=False):
-        t = rows.set_index("format")
+    data = data.assign(format=[("autocast" if s.amp else "fp32") + "/" + s.precision for s in specs])
+    rows = []
+    for rate, group in data.groupby("bandwidth", sort=False):
+        t = group.set_index("format")
         if "fp32/fp32" not in t.index:
             continue
-        parts = [f"{fmt} x{t.at['fp32/fp32', 'measured_step_time'] / t.at[fmt, 'measured_step_time']:.2f} "
-                 f"(x{t.at['fp32/fp32', 'predicted_step_time'] / t.at[fmt, 'predicted_step_time']:.2f})"
-                 for fmt in t.index if fmt != "fp32/fp32"]
-        lines.append(f"  {rate}: " + ", ".join(parts))
+        base = t.loc["fp32/fp32"]  # fp32 compute and wire: what each format is a speed-up over
+        rows += [{"bandwidth": rate, "link_bandwidth": base["link_bandwidth"], "format": fmt,
+                  "measured": base["measured_step_time"] / t.at[fmt, "measured_step_time"],
+                  "predicted": base["predicted_step_time"] / t.at[fmt, "predicted_step_time"]}
+                 for fmt in t.index.drop("fp32/fp32")]
+    return pd.DataFrame(rows, columns=["bandwidth", "link_bandwidth", "format", "measured", "predicted"])
+
+
+def measured_verdict(data: pd.DataFrame) -> str:
+    """Measured against predicted speed-up of each format over fp32, per link rate, from validation.csv."""
+    lines = ["measured on the emulated network (predicted), step-time speed-up over fp32 compute and wire:"]
+    for rate, rows in measured_speedups(data).groupby("bandwidth", sort=False):
+        lines.append(f"  {rate}: " + ", ".join(f"{r.format} x{r.measured:.2f} (x{r.predicted:.2f})"
+                                              for r in rows.itertuples(index=False)))
     return "\n".join(lines)
 
 

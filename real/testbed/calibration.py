@@ -5,9 +5,10 @@ Every number the simulator is given is measured here, on this machine, and has a
 - **links**: a probe on a 2-host testbed at the configuration's rate times a ping-pong and a two-host
   all-reduce at each wire precision over message sizes SWEEP, each message after the links rested
   long enough to refill their tbf buckets; fit_links gives α and B of each closed form on a
-  token-bucket link. The all-reduce fit at the scheme's precision is the workers' link (what
-  collectives see, reduction arithmetic included), the ping-pong fit the parameter servers' link
-  (what point-to-point pushes and pulls see); both carry the testbed's bucket as their burst.
+  token-bucket link. The all-reduce fit at the scheme's precision is the link of workers that
+  all-reduce (what collectives see, reduction arithmetic included), the ping-pong fit that of workers
+  that push and pull and of the parameter servers (point-to-point traffic); all carry the testbed's
+  bucket as their burst.
 - **compute**: ``processes`` local ranks each time a worker's computation per step at once (WORKS:
   what it is depends on the sync action of the plan: DDP's hooks, the optimizer step, or flattening a
   gradient to push), as the configuration's workers do when they share this machine's cores. The

@@ -106,8 +106,8 @@ def test_measured_verdict_divides_fp32_by_each_format_per_link():
     from studies import precision
 
     rows = [("allreduce", 0.40, 0.50), ("allreduce:precision=fp16", 0.20, 0.25), ("allreduce:amp=true", 0.5, 0.8)]
-    frame = pd.DataFrame([{"scheme": s, "world": 2, "bandwidth": "50Mbit/s", "predicted_step_time": p,
-                           "measured_step_time": m, "error": ""} for s, p, m in rows])
+    frame = pd.DataFrame([{"scheme": s, "world": 2, "bandwidth": "50Mbit/s", "link_bandwidth": 6e6,
+                           "predicted_step_time": p, "measured_step_time": m, "error": ""} for s, p, m in rows])
     text = precision.measured_verdict(frame)
     assert "fp32/fp16 x2.00 (x2.00)" in text and "autocast/fp32 x0.62 (x0.80)" in text
 
