@@ -33,7 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Heartbeat", "Quiet", "Beat", "WAIT_GRACE", "SETUP_TIMEOUT", "EXIT_STALLED", "path", "limit"]
+__all__ = ["Heartbeat", "Quiet", "Beat", "WAIT_GRACE", "SETUP_TIMEOUT", "EXIT_STALLED", "path", "limit",
+           "origin", "mark", "came_from_peer", "PEER", "OWN"]
 
 WAIT_GRACE = 3.0
 """Seconds a waiting rank allows beyond ``timeout``, so that the hung rank's own watchdog speaks first."""
@@ -43,6 +44,35 @@ EXIT_STALLED = 3
 """Exit code of a rank its watchdog ended."""
 WORK, WAIT = "work", "wait"
 _FORMAT = "{step:>11} {phase} {time:17.6f} {pid:>10}\n"  # fixed width: each pwrite replaces the whole record
+
+
+PEER, OWN = "peer", "own"
+_ORIGIN = "syncsim_origin"
+
+
+def origin(err: BaseException) -> str | None:
+    """Where ``err`` came from, when known: PEER (out of a wait for peers: a closed connection,
+    torch's timeout) or OWN (a rank's own work, marked by code that knows it), else None.
+
+    The exception carries the mark itself: with several threads at once (a parameter server serves
+    each worker from its own thread), the heartbeat's phase at the moment the error reaches the main
+    thread says what *another* thread was doing."""
+    return getattr(err, _ORIGIN, None)
+
+
+def mark(err: BaseException, where: str) -> None:
+    """Mark ``err`` as from PEER or OWN, unless an inner block marked it first."""
+    if origin(err) is None:
+        try:
+            setattr(err, _ORIGIN, where)
+        except AttributeError:  # an exception type with __slots__: left unmarked
+            pass
+
+
+def came_from_peer(err: BaseException, waiting: bool) -> bool:
+    """Whether a rank's failure ``err`` is a consequence of a peer's: its mark decides; unmarked,
+    the rank's phase when it caught it (DDP's backward waits for its all-reduce without a mark)."""
+    return (origin(err) or (PEER if waiting else OWN)) == PEER
 
 
 def path(out: str | Path, rank: int) -> Path:
@@ -75,7 +105,8 @@ class Beat:
 class Heartbeat:
     """``beat(step)`` at each step, ``with waiting():`` around each wait for peers; ``stop()`` at the end.
 
-    ``waiting`` leaves the phase at "wait" when the wait raises: the error came from a peer.
+    ``waiting_for_peers`` leaves the phase at "wait" when the wait raises, and marks the exception
+    as coming from a peer (``origin``).
     ``on_stall(step, waiting, idle_seconds)`` is called from the watchdog thread and must end the rank.
     """
 
@@ -106,7 +137,11 @@ class Heartbeat:
     @contextmanager
     def waiting_for_peers(self) -> Iterator[None]:
         self.beat(waiting=True)
-        yield  # no try/finally on purpose: an exception leaves the phase at "wait"
+        try:
+            yield
+        except BaseException as err:  # the phase stays at "wait": the error came from a peer
+            mark(err, PEER)
+            raise
         self.beat(waiting=False)
 
     def stop(self) -> None:
@@ -142,4 +177,8 @@ class Quiet:
 
     @contextmanager
     def waiting_for_peers(self) -> Iterator[None]:
-        yield
+        try:
+            yield
+        except BaseException as err:
+            mark(err, PEER)
+            raise

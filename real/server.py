@@ -31,7 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from real.heartbeat import Quiet
+from real.heartbeat import OWN, Quiet, mark
 from real.trace import Recorder
 
 __all__ = ["Server", "Client", "shard_bounds"]
@@ -136,6 +136,7 @@ class Server:
                 else:
                     raise RuntimeError(f"server rank {self.rank}: unknown message {op} from rank {worker}")
         except BaseException as err:  # handed to run(), which raises it in the main thread
+            mark(err, OWN)  # unless a wait for this worker marked it PEER: the main thread cannot tell
             error = err
         finally:
             finished.put(error)

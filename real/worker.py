@@ -31,7 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from real.config import RunConfig
 from real.data import load
 from real.executor import Executor, flat_params
-from real.heartbeat import EXIT_STALLED, Heartbeat, limit
+from real.heartbeat import EXIT_STALLED, Heartbeat, came_from_peer, limit
 from real.hooks import WIRE_DTYPES
 from real.interrupt import on_signals
 from real.lifeline import die_with_parent
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         step = heartbeat.step
         # an exception out of a wait for peers comes from a peer (a closed connection, torch's
         # timeout): a consequence; any other is this rank's own failure
-        kind = "peer" if heartbeat.waiting else "error"
+        kind = "peer" if came_from_peer(err, heartbeat.waiting) else "error"
         detail = brief(err)
         verb = "lost its peers" if kind == "peer" else "failed"
         message = f"rank {rank} ({role}) {verb} {_where(step)}: {detail}"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import real.server as server_module
-from real.heartbeat import Quiet
+from real.heartbeat import OWN, PEER, Beat, Heartbeat, Quiet, came_from_peer, origin
 from real.server import HEADER, PAYLOAD, PULL, PUSH, REPLY, STOP, WAIT, WAKE, Client, Server, shard_bounds
 from real.trace import Recorder
 
@@ -279,3 +279,66 @@ def test_the_client_waits_for_every_server_with_its_threshold(monkeypatch):
     Client(world=1, servers=2, numel=4, wire_dtype=torch.float32).wait(step=6, threshold=4)
     assert [(dst, [int(v) for v in t]) for dst, _, t in fake.sent] == [(1, [WAIT, 6, 4]), (2, [WAIT, 6, 4])]
     assert fake.script == [] and fake.unfinished == 0
+
+
+class BrokenWire(Wire):
+    """The script, then a closed connection: the next receive from ``lost`` raises, as gloo's does."""
+
+    def __init__(self, script, lost):
+        super().__init__(script)
+        self.lost = lost
+
+    def take(self, tensor, src, tag):
+        if src == self.lost and not any(m[0] == src for m in self.script):
+            raise RuntimeError(f"Connection closed by peer [127.0.0.1]:{29500 + src}")
+        return super().take(tensor, src, tag)
+
+
+def test_a_lost_worker_is_the_servers_peer_failure_whatever_another_thread_is_doing(monkeypatch):
+    # The server serves each worker from a thread; when worker 1's connection closes, worker 0's
+    # thread may be applying a push (phase "work"). The exception itself says it came out of a wait
+    # for a peer, so real.worker names the server a consequence, not the cause (real.failure).
+    g = torch.ones(5)
+    monkeypatch.setattr(server_module, "dist", BrokenWire([*push(0, 0, g, False)], lost=1))
+    server = Server(2, 2, 1, torch.zeros(5), LR, torch.float32, Recorder(0.0))
+    with pytest.raises(RuntimeError, match="Connection closed") as caught:
+        server.run()
+    assert origin(caught.value) == PEER and came_from_peer(caught.value, waiting=False)
+
+
+@pytest.mark.parametrize("script,match", [
+    ([*push(0, 3, torch.ones(5), False)], "injected failure"),
+    ([(1, HEADER, header(STOP + 1))], "unknown message"),
+])
+def test_a_servers_own_failure_is_its_own_whatever_another_thread_is_waiting_for(monkeypatch, script, match):
+    # the opposite race: worker 0's thread waits for a message (phase "wait") when worker 1's thread fails
+    monkeypatch.setattr(server_module, "dist", Wire(script))
+    server = Server(2, 2, 1, torch.zeros(5), LR, torch.float32, Recorder(0.0), fail_step=3)
+    with pytest.raises(RuntimeError, match=match) as caught:
+        server.run()
+    assert origin(caught.value) == OWN and not came_from_peer(caught.value, waiting=True)
+
+
+@pytest.mark.parametrize("raised,waiting,expected", [
+    (RuntimeError("x"), True, True), (RuntimeError("x"), False, False),  # unmarked: the phase decides
+])
+def test_an_unmarked_failure_is_a_peers_when_it_was_caught_waiting(raised, waiting, expected):
+    # DDP's backward waits for its all-reduce outside any waiting block: the phase is all there is
+    assert origin(raised) is None and came_from_peer(raised, waiting) is expected
+
+
+@pytest.mark.parametrize("kind", ["heartbeat", "quiet"])
+def test_a_wait_marks_the_exception_it_raises_and_an_inner_mark_wins(tmp_path, kind):
+    heartbeat = Heartbeat(tmp_path, 0, 1, timeout=5.0) if kind == "heartbeat" else Quiet()
+    with pytest.raises(RuntimeError) as caught:
+        with heartbeat.waiting_for_peers():
+            raise RuntimeError("peer gone")
+    assert origin(caught.value) == PEER
+    with pytest.raises(RuntimeError) as caught:
+        with heartbeat.waiting_for_peers():
+            err = RuntimeError("own")
+            server_module.mark(err, OWN)
+            raise err
+    assert origin(caught.value) == OWN
+    if kind == "heartbeat":  # the phase stays at "wait" after a failed wait (what real.failure reads)
+        assert heartbeat.waiting and Beat.read(tmp_path, 0).waiting
