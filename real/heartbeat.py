@@ -75,6 +75,15 @@ def came_from_peer(err: BaseException, waiting: bool) -> bool:
     return (origin(err) or (PEER if waiting else OWN)) == PEER
 
 
+@contextmanager
+def _marked_as_peer() -> Iterator[None]:
+    try:
+        yield
+    except BaseException as err:
+        mark(err, PEER)
+        raise
+
+
 def path(out: str | Path, rank: int) -> Path:
     return Path(out) / "ranks" / f"heartbeat-rank{rank}"
 
@@ -137,11 +146,8 @@ class Heartbeat:
     @contextmanager
     def waiting_for_peers(self) -> Iterator[None]:
         self.beat(waiting=True)
-        try:
+        with _marked_as_peer():  # no try/finally: an exception leaves the phase at "wait"
             yield
-        except BaseException as err:  # the phase stays at "wait": the error came from a peer
-            mark(err, PEER)
-            raise
         self.beat(waiting=False)
 
     def stop(self) -> None:
@@ -177,8 +183,5 @@ class Quiet:
 
     @contextmanager
     def waiting_for_peers(self) -> Iterator[None]:
-        try:
+        with _marked_as_peer():
             yield
-        except BaseException as err:
-            mark(err, PEER)
-            raise
