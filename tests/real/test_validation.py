@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LOOSE_MEDIAN, LOOSE_MAX = 0.15, 0.35
 # A straggler under a parameter server is a known miss, in one direction (docs/real.md, "What remains"):
 # the simulator keeps the workers in the alternating schedule, the testbed slides them through
-# colliding transfers. Measured on the quick preset's straggler row: -28 %, -29 % (quiet machine),
-# -35 % (CI); at 50 Mbit/s -24 %. Its bound catches a model or executor fault without hiding the miss.
+# colliding transfers. Measured on the straggler row at batch 32: -28 %, -29 % (quiet machine), -35 %,
+# -36 % (CI); at the quick preset's batch 256: -5 %, -6 %. Held to its own one-sided bound, so that
+# the miss, where it shows, is neither hidden nor allowed to grow without a failure.
 KNOWN_STRAGGLER_MIN = -0.5
 
 
