@@ -41,8 +41,9 @@ SHORT_RUN, MAX_STEPS = 2.0, 4000  # one predicted shorter than SHORT_RUN seconds
 BATCH = 32
 QUICK_BATCH = 256
 """The quick preset's batch: every step milliseconds long. At 32 the one-worker step of the small model
-is under a millisecond, and on a shared machine its error measured the machine (-23 % to +37 % over
-CI runs, on a row where the simulator adds nothing to the calibrated compute), not the model."""
+is under a millisecond, where the executor's own 0.2 ms per step, which the compute calibration leaves
+out, is a fifth of it, and one burst of a shared machine decides the row (-16 % to -23 %, and 37 %
+once, over CI runs); at 256 the calibration and the run agree (docs/real.md, "What remains")."""
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
            "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
