@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import real.server as server_module
-from real.heartbeat import OWN, PEER, Beat, Heartbeat, Quiet, came_from_peer, origin
+from real.heartbeat import OWN, PEER, Beat, Heartbeat, Quiet, came_from_peer, mark, origin
 from real.server import HEADER, PAYLOAD, PULL, PUSH, REPLY, STOP, WAIT, WAKE, Client, Server, shard_bounds
 from real.trace import Recorder
 
@@ -337,7 +337,7 @@ def test_a_wait_marks_the_exception_it_raises_and_an_inner_mark_wins(tmp_path, k
     with pytest.raises(RuntimeError) as caught:
         with heartbeat.waiting_for_peers():
             err = RuntimeError("own")
-            server_module.mark(err, OWN)
+            mark(err, OWN)
             raise err
     assert origin(caught.value) == OWN
     if kind == "heartbeat":  # the phase stays at "wait" after a failed wait (what real.failure reads)
