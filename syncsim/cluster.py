@@ -58,6 +58,15 @@ class Link:
     """Bytes a rate-limited link lets through at once after an idle spell, before its rate applies:
     the bucket of a token-bucket shaper (tc-tbf's ``burst``; a cloud NIC's burst allowance), refilled
     at the link's rate while it is idle. 0 (a plain link): every byte is serialised at the rate."""
+    newcomer_weight: float = 1.0
+    """How flows sharing the link at once divide it (the parameter servers' NICs): the most recently
+    started active flow receives this many times the rate of each other one, on average. 1 (the
+    default) is equal sharing, which long TCP or RDMA flows of equal RTT converge to (syncsim.network)."""
+    sharing_spread: float = 0.0
+    """How widely the split of one collision scatters: the newest flow's weight is newcomer_weight ×
+    exp(sharing_spread × Z), Z standard normal, drawn per flow from the run's seed. 0 (the default):
+    every collision splits alike. TCP flows of a few hundred kB through one shaper do not converge
+    within a transfer; real.testbed.calibration measures both values from colliding transfers."""
 
     def __post_init__(self) -> None:
         bandwidth = parse_bandwidth(self.bandwidth, "Link.bandwidth")
@@ -66,6 +75,8 @@ class Link:
         object.__setattr__(self, "latency", check_float("Link", "latency", latency, low=0.0))
         burst = parse_size(self.burst, "Link.burst")
         object.__setattr__(self, "burst", check_float("Link", "burst", burst, low=0.0))
+        object.__setattr__(self, "newcomer_weight", check_positive("Link", "newcomer_weight", self.newcomer_weight))
+        object.__setattr__(self, "sharing_spread", check_float("Link", "sharing_spread", self.sharing_spread, low=0.0))
 
     def transfer_time(self, nbytes: float) -> float:
         """alpha + max(0, n - burst)/B: the time to send one message of ``nbytes`` over a long-idle link."""
@@ -76,11 +87,15 @@ def _as_link(owner: str, name: str, value: object) -> Link | None:
     if value is None or isinstance(value, Link):
         return value
     if isinstance(value, dict):
-        unknown = set(value) - {"bandwidth", "latency", "burst"}
+        unknown = set(value) - {"bandwidth", "latency", "burst", "newcomer_weight", "sharing_spread"}
         if unknown or "bandwidth" not in value:
-            raise ValueError(f"{owner}.{name} takes bandwidth (required), latency and burst; got keys {sorted(value)}")
+            raise ValueError(f"{owner}.{name} takes bandwidth (required), latency, burst, newcomer_weight and "
+                             f"sharing_spread; "
+                             f"got keys {sorted(value)}")
         return Link(**value)
-    raise ValueError(f"{owner}.{name} must be a Link (or a dict with bandwidth, latency, burst), got {value!r}")
+    raise ValueError(f"{owner}.{name} must be a Link (or a dict with bandwidth, latency, burst, newcomer_weight, "
+                     f"sharing_spread), "
+                     f"got {value!r}")
 
 
 @dataclass(frozen=True)

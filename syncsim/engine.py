@@ -81,7 +81,7 @@ class _Run:
         self.times = ComputeTimes(cluster, workload, seed)
         self.comm = Communicator(env, cluster, self.recorder, self.state)
         needs_servers = bool(self.policy.action_types(steps) & {Push, Pull, WaitForClock})
-        self.servers = ServerGroup(env, cluster, self.recorder, self.state) if needs_servers else None
+        self.servers = ServerGroup(env, cluster, self.recorder, self.state, seed) if needs_servers else None
         self.step_end = np.zeros((steps, self.workers))
         self.handlers: dict[type, Callable] = {
             AllReduceGradients: self._allreduce, AverageParameters: self._average, LocalUpdate: self._local_update,

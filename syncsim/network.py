@@ -19,14 +19,35 @@ users, who fold it into a wait they make anyway (see syncsim.engine).
 A link with a ``burst`` is a token-bucket shaper (tc-tbf): while idle it
 gathers tokens at its rate, up to ``burst`` bytes, and a flow arriving at the
 idle link passes that many of its bytes at once; a busy link has spent them.
+
+A link may share unequally (``newcomer_weight`` w0, ``sharing_spread`` sigma):
+the most recently started of its active flows gets weight w = w0 * exp(sigma*Z),
+Z a standard normal drawn per flow, and every other active flow weight 1, each
+flow receiving the link in proportion to its weight (weighted processor
+sharing, Parekh & Gallager's GPS), at most ``cap``, until it ends or a newer
+flow starts. Why: TCP flows through one tc-tbf shaper do not converge to equal
+shares within a transfer of a few hundred kilobytes. Which flow gets more is
+not systematic but differs from one collision to the next, so w0 is the mean
+preference for the newer flow and sigma how widely a collision's split
+scatters; real.testbed.calibration's sharing probe measures both from pairs of
+colliding transfers. For two flows any split is a pair of weights, so the form
+is exact for what the probe measures; with more flows only the newest one's
+share is perturbed, an approximation. The other flows keep the virtual-time
+heap; the newcomer is tracked apart by its remaining bytes, so every event
+still costs O(log n). w0 = 1 and sigma = 0 (the defaults) is exact processor
+sharing.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from typing import TYPE_CHECKING
 
 import simpy
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["SharedLink", "triggered"]
 
@@ -37,20 +58,35 @@ _TAG_RTOL = 1e-12
 
 class SharedLink:
     def __init__(self, env: simpy.Environment, bandwidth: float, cap: float = math.inf, name: str = "link",
-                 burst: float = 0.0) -> None:
+                 burst: float = 0.0, newcomer_weight: float = 1.0, sharing_spread: float = 0.0,
+                 rng: np.random.Generator | None = None) -> None:
         if not bandwidth > 0:
             raise ValueError(f"SharedLink {name!r}: bandwidth must be > 0, got {bandwidth!r}")
+        if not 0 < newcomer_weight < math.inf:
+            raise ValueError(f"SharedLink {name!r}: newcomer_weight must be a finite number > 0, "
+                             f"got {newcomer_weight!r}")
+        if not 0 <= sharing_spread < math.inf:
+            raise ValueError(f"SharedLink {name!r}: sharing_spread must be a finite number >= 0, "
+                             f"got {sharing_spread!r}")
+        if sharing_spread and rng is None:
+            raise ValueError(f"SharedLink {name!r}: a sharing_spread needs an rng (numpy Generator) to draw from")
         self.env = env
         self.bandwidth = float(bandwidth)
         self.cap = float(cap)
         self.name = name
         self.burst = float(burst)
+        self.newcomer_weight = float(newcomer_weight)
+        self.sharing_spread = float(sharing_spread)
+        self._rng = rng
+        self._weighted = newcomer_weight != 1.0 or sharing_spread > 0  # else exact equal sharing
         self.tokens = self.burst     # bytes the bucket holds (full at the start)
         self._idle_since = 0.0       # when the link last became idle
-        self._virtual = 0.0          # bytes served to each active flow so far
+        self._virtual = 0.0          # bytes served to each active flow (other than the newcomer) so far
         self._updated = 0.0          # simulated time of the last virtual-time update
-        self._rate = self.rate(1)    # current per-flow rate
+        self._rate = self.rate(1)    # current rate of each flow in the heap
         self._heap: list[tuple[float, int, simpy.Event]] = []
+        # Only when weighted: the newest flow as [bytes left, its rate, event, bytes, its weight], or None.
+        self._newcomer: list | None = None
         self._seq = 0
         self._wake_pending = False
         self._wake_gen = 0           # generation of the pending wake-up (stale ones are ignored)
@@ -59,11 +95,24 @@ class SharedLink:
 
     @property
     def active(self) -> int:
-        return len(self._heap)
+        return len(self._heap) + (self._newcomer is not None)
 
     def rate(self, flows: int) -> float:
-        """Bytes/second each of ``flows`` active flows receives: min(cap, B/n)."""
+        """Bytes/second each of ``flows`` equally shared active flows receives: min(cap, B/n)."""
         return min(self.cap, self.bandwidth / max(1, flows))
+
+    def _shares(self, others: int, w: float) -> tuple[float, float]:
+        """(each other flow's rate, the newcomer's rate) with ``others`` flows beside a newcomer: weights 1
+        and w, each flow at most ``cap``, and what a capped flow leaves goes to the rest (max-min fair)."""
+        cap, bandwidth = self.cap, self.bandwidth
+        if not others:
+            return 0.0, min(cap, bandwidth)
+        unit = bandwidth / (w + others)
+        if w * unit > cap:
+            return min(cap, (bandwidth - cap) / others), cap
+        if unit > cap:
+            return cap, min(cap, bandwidth - others * cap)
+        return unit, w * unit
 
     def transfer(self, nbytes: float) -> simpy.Event:
         """Start a flow of ``nbytes`` now; returns the event that fires when its last byte has left."""
@@ -71,7 +120,7 @@ class SharedLink:
         done = env.event()
         now = env.now
         heap = self._heap
-        if self.burst and not heap and nbytes > 0:  # an idle shaper: its bucket lets bytes through at once
+        if self.burst and not self.active and nbytes > 0:  # an idle shaper: its bucket lets bytes through at once
             self.tokens = min(self.burst, self.tokens + (now - self._idle_since) * self.bandwidth)
             granted = min(self.tokens, nbytes)
             self.tokens -= granted
@@ -80,24 +129,45 @@ class SharedLink:
             nbytes -= granted
         if nbytes <= 0:
             return done.succeed()
-        if heap:
-            self._virtual += (now - self._updated) * self._rate
-        self._updated = now
+        self._advance(now)
         self._seq += 1
-        heapq.heappush(heap, (self._virtual + nbytes, self._seq, done))
-        n = len(heap)
-        self._rate = self.rate(n)
         self.bytes_served += nbytes
+        if not self._weighted:
+            heapq.heappush(heap, (self._virtual + nbytes, self._seq, done))
+            self._rate = self.rate(len(heap))
+            rearm = heap[0][1] == self._seq
+        else:  # the newest flow takes the newcomer's weight; the one it replaces joins the others
+            if self._newcomer is not None:
+                left, _, event, _, _ = self._newcomer
+                heapq.heappush(heap, (self._virtual + left, self._seq - 1, event))
+            weight = self.newcomer_weight
+            if self.sharing_spread:  # lognormal about the systematic weight (see the module docstring)
+                weight *= math.exp(self.sharing_spread * self._rng.standard_normal())
+            self._newcomer = [nbytes, 0.0, done, nbytes, weight]
+            self._rate, self._newcomer[1] = self._shares(len(heap), weight)
+            rearm = True
+        n = self.active
         if n > self.peak_flows:
             self.peak_flows = n
-        # A new flow moves the next completion earlier only if it has the
-        # smallest tag; otherwise the pending wake-up stays valid (early at worst).
-        if not self._wake_pending or heap[0][1] == self._seq:
+        # A new flow moves the next completion earlier only if it finishes first; otherwise the pending
+        # wake-up stays valid (early at worst, as arrivals only slow the others down).
+        if not self._wake_pending or rearm:
             self._arm(now)
         return done
 
+    def _advance(self, now: float) -> None:
+        """Serve every active flow from the last update to ``now``."""
+        elapsed = now - self._updated
+        if self._heap:
+            self._virtual += elapsed * self._rate
+        if self._newcomer is not None:
+            self._newcomer[0] -= elapsed * self._newcomer[1]
+        self._updated = now
+
     def _arm(self, now: float) -> None:
-        delay = (self._heap[0][0] - self._virtual) / self._rate
+        delay = (self._heap[0][0] - self._virtual) / self._rate if self._heap else math.inf
+        if self._newcomer is not None:
+            delay = min(delay, self._newcomer[0] / self._newcomer[1])
         self._wake_gen += 1
         self._wake_pending = True
         wake = self.env.timeout(delay if delay > 0 else 0.0, self._wake_gen)
@@ -108,8 +178,7 @@ class SharedLink:
             return  # superseded by a later arm
         now = self.env.now
         heap = self._heap
-        self._virtual += (now - self._updated) * self._rate
-        self._updated = now
+        self._advance(now)
         self._wake_pending = False
         threshold = self._virtual * (1 + _TAG_RTOL) + _TAG_RTOL
         finished = []
@@ -121,8 +190,17 @@ class SharedLink:
             if tag > threshold and now + (tag - self._virtual) / rate > now:
                 break
             finished.append(heapq.heappop(heap)[2])
-        self._rate = self.rate(len(heap))
-        if heap:
+        newcomer = self._newcomer
+        # the same two tests for the newcomer, on its bytes left
+        if newcomer is not None and (newcomer[0] <= _TAG_RTOL * (1 + newcomer[3])
+                                     or now + newcomer[0] / newcomer[1] <= now):
+            finished.append(newcomer[2])
+            newcomer = self._newcomer = None
+        if newcomer is None:
+            self._rate = self.rate(len(heap))
+        else:
+            self._rate, newcomer[1] = self._shares(len(heap), newcomer[4])
+        if self.active:
             self._arm(now)
         else:
             self._idle_since = now

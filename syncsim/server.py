@@ -7,7 +7,8 @@ direction carries shards of n/k bytes and stands for all k (exact under that
 symmetry). A worker's own share of its node's NICs (``Cluster.
 worker_bandwidth``: its rail, divided by the fabric's oversubscription) splits
 between its k concurrent shards, which caps each flow at B_worker/k; a server
-NIC is shared equally by the flows it receives. For p simultaneous pushes one push therefore takes
+NIC is shared equally by the flows it receives (or, with a ``newcomer_weight`` or
+``sharing_spread``, unequally: see syncsim.network). For p simultaneous pushes one push therefore takes
 alpha + max(n/B_worker, p·n/(k·B_server)): the parameter server's bottleneck.
 
 Servers only react to arrivals, so they are modelled as these shared
@@ -16,6 +17,7 @@ resources rather than as processes of their own.
 
 from __future__ import annotations
 
+import numpy as np
 import simpy
 
 from syncsim.cluster import Cluster
@@ -24,9 +26,12 @@ from syncsim.recorder import Recorder
 
 __all__ = ["ServerGroup"]
 
+_IN, _OUT = 0x53525649, 0x5352564F  # seed-stream tags of the two directions ("SRVI", "SRVO")
+
 
 class ServerGroup:
-    def __init__(self, env: simpy.Environment, cluster: Cluster, recorder: Recorder, state: object) -> None:
+    def __init__(self, env: simpy.Environment, cluster: Cluster, recorder: Recorder, state: object,
+                 seed: int = 0) -> None:
         if cluster.servers < 1:
             raise ValueError("a parameter-server scheme needs Cluster.servers >= 1 (got 0); "
                              "e.g. Cluster(..., servers=1, server_link=Link('100Gbit/s', '5us'))")
@@ -36,9 +41,15 @@ class ServerGroup:
         net = cluster.server_net
         cap = cluster.worker_bandwidth / self.k
         # A server NIC with a burst (a token-bucket shaper) passes that many bytes of the first flow after
-        # an idle spell at once, whoever sends them; the workers' own buckets are not modelled.
-        self.down = SharedLink(env, net.bandwidth, cap=cap, name="server-in", burst=net.burst)  # type: ignore[arg-type]
-        self.up = SharedLink(env, net.bandwidth, cap=cap, name="server-out", burst=net.burst)  # type: ignore[arg-type]
+        # an idle spell at once, whoever sends them; the workers' own buckets are not modelled. Its
+        # newcomer_weight and sharing_spread say how concurrent pushes (or pulls) divide it; each direction
+        # draws its flows' weights from its own stream of the run's seed (apart from syncsim.compute's).
+        shaping = {"cap": cap, "burst": net.burst, "newcomer_weight": net.newcomer_weight,
+                   "sharing_spread": net.sharing_spread}
+        self.down = SharedLink(env, net.bandwidth, name="server-in", rng=np.random.default_rng([seed, _IN]),
+                               **shaping)  # type: ignore[arg-type]
+        self.up = SharedLink(env, net.bandwidth, name="server-out", rng=np.random.default_rng([seed, _OUT]),
+                             **shaping)  # type: ignore[arg-type]
         self.latency = float(net.latency)  # type: ignore[arg-type]
         self.recorder = recorder
         self.state = state

@@ -121,3 +121,37 @@ def test_push_through_a_server_link_with_a_burst(n, bandwidth, alpha, burst):
     res = simulate(cluster, Workload(n, 0.01), ParameterServer(mode="sync"), steps=1)
     push = res.trace[res.trace["kind"] == "push"].iloc[0]
     assert push["end"] - push["start"] == pytest.approx(alpha + max(0.0, n - burst) / bandwidth, rel=1e-9)
+
+
+# Basis: weighted processor sharing (syncsim.network). p pushes start together at one server NIC of
+# rate B (the workers' own NICs far faster); the last to start has weight w, the others 1. With w > 1
+# it ends first, at n(p-1+w)/(wB), and the others at pn/B; with w < 1 the others end first, at
+# n(p-1+w)/B, and it at pn/B. Either way the link's work is conserved: the last push ends at pn/B.
+@given(st.integers(2, 16), st.sampled_from([0.25, 0.5, 2.0, 5.0]), st.floats(1e4, 1e8), st.floats(1e7, 1e10))
+def test_simultaneous_pushes_share_a_server_nic_by_its_newcomer_weight(p, w, n, bandwidth):
+    server = Link(bandwidth, 0.0, newcomer_weight=w)
+    cluster = Cluster.homogeneous(p, Link(1e15), servers=1, server_link=server)
+    res = simulate(cluster, Workload(n, 0.01), ParameterServer(mode="sync"), steps=1)
+    durations = np.sort((lambda r: (r["end"] - r["start"]).to_numpy())(res.trace[res.trace["kind"] == "push"]))
+    whole = p * n / bandwidth
+    if w > 1:
+        expected = [n * (p - 1 + w) / (w * bandwidth)] + [whole] * (p - 1)
+    else:
+        expected = [n * (p - 1 + w) / bandwidth] * (p - 1) + [whole]
+    np.testing.assert_allclose(durations, expected, rtol=1e-9)
+
+
+def test_a_sharing_spread_draws_from_the_runs_seed():
+    # The weights are drawn from the run's seed: the same seed gives the same run, another seed
+    # another split of the server NIC (no compute jitter here, so only the link's draws differ).
+    server = Link(1e8, 0.0, sharing_spread=0.5)
+    cluster = Cluster.homogeneous(4, Link(1e15), servers=1, server_link=server)
+
+    def pushes(seed):
+        trace = simulate(cluster, Workload(1e6, 0.01), ParameterServer(mode="sync"), steps=5, seed=seed).trace
+        return trace[trace["kind"] == "push"]["end"].to_numpy()
+
+    np.testing.assert_array_equal(pushes(1), pushes(1))
+    assert not np.allclose(pushes(1), pushes(2))
+    with pytest.raises(ValueError, match="Link.sharing_spread"):
+        Link(1e8, sharing_spread=-0.1)
