@@ -4,7 +4,9 @@ For each configuration (scheme, workers, link rate, model, one slowed worker or 
 
 1. calibrate here, under the configuration's own contention (real.testbed.calibration): link α and β
    fitted on a 2-host testbed at that rate; compute time, its jitter and the backward's share timed
-   with as many processes computing at once as the configuration has ranks;
+   with as many processes computing at once as the configuration has ranks; for a parameter server
+   with several workers, how two colliding transfers of the gradient split a host's shaper, timed
+   on a 3-host testbed (the server NIC's newcomer weight and sharing spread, syncsim.network);
 2. predict: ``simulate`` on that Cluster and Workload, the slowed worker as its speed factor;
 3. measure: the executor runs the scheme for real on a testbed of world + servers hosts;
 4. compare, by one definition of every figure (syncsim.metrics) on both sides.
@@ -49,7 +51,7 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
            "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max", "measured_staleness_max",
            "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha", "server_bandwidth",
-           "server_alpha", "wall_time", "error")
+           "server_alpha", "server_newcomer_weight", "server_sharing_spread", "wall_time", "error")
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ def quick_grid(slow: float = SLOW) -> list[Config]:
 # -- one configuration ---------------------------------------------------------------
 def calibrate(config: Config, args: argparse.Namespace):
     """The Cluster and Workload that describe ``config`` on this machine, and the measured values."""
-    from real.testbed.calibration import measure_compute, measure_link
+    from real.testbed.calibration import measure_compute, measure_link, measure_sharing
     from syncsim import Cluster, Link, Workload
     from syncsim.schemes import parse
 
@@ -163,7 +165,14 @@ def calibrate(config: Config, args: argparse.Namespace):
     # and pulls (the same shaped veth; a collective's rate would charge them its reduction and rounds).
     sent = fits["pingpong"] if config.servers else fits[f"allreduce_{spec.precision}"]
     link = Link(bandwidth=sent["bandwidth"], latency=sent["alpha"], burst=burst)
-    server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"], burst=burst)
+    # A server's NIC carries concurrent pushes (and pulls) of the whole gradient: how two of them split
+    # the shaper, measured at that size (real.testbed.calibration.measure_sharing), sets its weights.
+    sharing = {"weight": 1.0, "spread": 0.0}
+    if config.servers and config.world > 1:
+        sharing = measure_sharing(config.bandwidth, folder, fits["pingpong"], burst, message, args.prefix,
+                                  args.repeats)
+    server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"], burst=burst,
+                       newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"])
     speed = None
     if config.slow > 1:  # the slowed rank computes for as long as real.executor makes it: see slow_speed
         speed = (1.0,) * (config.world - 1) + (slow_speed(compute, config.slow),)
@@ -175,7 +184,8 @@ def calibrate(config: Config, args: argparse.Namespace):
                         backward_fraction=compute["backward_fraction"], name=config.model)
     values = {"compute_time": workload.compute_time, "jitter": cluster.jitter, "link_bandwidth": link.bandwidth,
               "link_alpha": link.latency, "server_bandwidth": server_link.bandwidth,
-              "server_alpha": server_link.latency}
+              "server_alpha": server_link.latency, "server_newcomer_weight": server_link.newcomer_weight,
+              "server_sharing_spread": server_link.sharing_spread}
     return cluster, workload, values
 
 

@@ -25,14 +25,16 @@ Results are cached as JSON under the calibration folder, so a resumed study meas
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 from syncsim.files import write_atomic
 
-__all__ = ["SWEEP", "measure_link", "measure_compute", "slug"]
+__all__ = ["SWEEP", "measure_link", "measure_sharing", "fit_sharing", "measure_compute", "slug"]
 
 SWEEP = tuple(2**k for k in range(12, 23))  # 4 KiB .. 4 MiB, ×2 apart
 WIRE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # all-reduce precisions timed (torch dtypes)
@@ -47,6 +49,10 @@ WORKS = ("allreduce", "push-pull", "local")
 SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
 BURSTS_FOR_RATE = 2  # messages this many tbf buckets long or more time the link's sustained rate
 RATE_WINDOW = 2.0  # given the run's message size, the rate is fitted over probe messages within this factor of it
+# The sharing probe's second transfer starts these fractions of a lone transfer after the first: at once (a
+# synchronous round's pulls) and part-way through (a push arriving while another is on the link).
+SHARING_OFFSETS = (0.0, 0.25, 0.5)
+WEIGHT_RANGE = 64.0  # newcomer weights are fitted within [1/64, 64]
 
 
 def slug(text: str) -> str:
@@ -136,6 +142,98 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
     return fits
 
 
+def measure_sharing(bandwidth: str, folder: Path, link: dict, burst: float, message_bytes: float,
+                    prefix: str = "sstb", repeats: int = 5) -> dict:
+    """Two transfers of ``message_bytes`` colliding in one host's shaper on a 3-host testbed at ``bandwidth``;
+    {"trials": raw timings, ...fit_sharing}: the newcomer weight that reproduces them on ``link`` (a fit_links
+    entry: the point-to-point α and B) with the testbed's bucket ``burst``."""
+    size = max(4, int(message_bytes) // 4 * 4)
+
+    def measure() -> dict:
+        from real.testbed.launcher import torchrun_on
+        from real.testbed.namespaces import Testbed
+
+        probe_file = folder / f"sharing-{slug(bandwidth)}-{size}.raw.json"
+        with Testbed(hosts=3, bandwidth=bandwidth, prefix=prefix) as bed:
+            idle = 2 * bed.config.burst / bed.config.bandwidth  # as measure_link: every trial meets full buckets
+            lone = size / bed.config.bandwidth
+            codes = torchrun_on(bed, "real.testbed.calibration",
+                                ["--sharing", str(probe_file), "--size", str(size), "--repeats", str(repeats),
+                                 "--idle", str(idle), "--lone", str(lone)], folder / "logs", timeout=900, agent=False)
+        if any(codes):
+            raise RuntimeError(f"sharing probe at {bandwidth} failed (node exit codes {codes}); logs in {folder}/logs")
+        return {"bandwidth": bandwidth, "size": size, "trials": json.loads(probe_file.read_text())}
+
+    measured = _cached(folder / f"sharing-{slug(bandwidth)}-{size}.json", measure)
+    return measured | fit_sharing(measured["trials"], link["bandwidth"], link["alpha"], burst, size)
+
+
+def simulate_collision(starts: list[float], size: float, bandwidth: float, alpha: float, burst: float,
+                       weight: float) -> list[float]:
+    """When each of the transfers of ``size`` bytes started at ``starts`` ends on one syncsim link."""
+    import simpy
+
+    from syncsim.network import SharedLink
+
+    env = simpy.Environment()
+    link = SharedLink(env, bandwidth, burst=burst, newcomer_weight=weight)
+    ends = [math.nan] * len(starts)
+    first = min(starts)
+
+    def flow(i: int, start: float):
+        yield env.timeout(start - first)
+        yield link.transfer(size)
+        ends[i] = env.now + first + alpha
+
+    for i in sorted(range(len(starts)), key=starts.__getitem__):
+        env.process(flow(i, starts[i]))
+    env.run()
+    return ends
+
+
+def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float, size: float) -> dict:
+    """How the measured collisions split the link, in syncsim.network's terms (Link.newcomer_weight and
+    Link.sharing_spread).
+
+    Each trial started two transfers of ``size`` bytes at measured instants (the second a fraction of a
+    lone transfer later, or at once) through one shaper, and timed when each ended. The link's rate
+    fixes when the pair is done; how the two ends split that is what the newer flow's weight w sets.
+    Each trial's w minimises the squared error of its two ends relative to each transfer's duration,
+    searched on a log grid from 1/WEIGHT_RANGE to WEIGHT_RANGE and refined around the best point.
+    ``weight`` is the geometric mean of the trials' w (the newer flow's mean preference),
+    ``spread`` the standard deviation of their log (how widely collisions scatter), ``weights`` the
+    geometric mean per pattern, ``residual`` the root-mean-square relative error of the ends with each
+    trial's own w (how well the form fits) and ``residual_fair`` the same with w = 1 (equal sharing)."""
+    import numpy as np
+
+    def errors(weight: float, trial: dict) -> list[float]:
+        ends = simulate_collision(trial["starts"], size, bandwidth, alpha, burst, weight)
+        return [(e - m) / (m - s) for e, m, s in zip(ends, trial["ends"], trial["starts"])]
+
+    def cost(weight: float, trial: dict) -> float:
+        return float(np.mean(np.square(errors(weight, trial))))
+
+    def best(trial: dict) -> float:
+        grid = np.geomspace(1 / WEIGHT_RANGE, WEIGHT_RANGE, 61)
+        i = int(np.argmin([cost(w, trial) for w in grid]))
+        fine = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 41)
+        return float(min(fine, key=lambda w: cost(w, trial)))
+
+    if len(trials) < 2:
+        raise ValueError(f"fit_sharing needs at least 2 trials to tell a spread, got {len(trials)}")
+    logs = np.log([best(trial) for trial in trials])
+    patterns = [trial["pattern"] for trial in trials]
+
+    def rms(weights) -> float:
+        return float(np.sqrt(np.mean([e * e for w, t in zip(weights, trials) for e in errors(w, t)])))
+
+    return {"weight": float(np.exp(logs.mean())), "spread": float(logs.std(ddof=1)),
+            "weights": {p: float(np.exp(np.mean([x for x, q in zip(logs, patterns) if q == p])))
+                        for p in sorted(set(patterns))},
+            "trial_weights": [float(w) for w in np.exp(logs)],
+            "residual": rms(np.exp(logs)), "residual_fair": rms([1.0] * len(trials))}
+
+
 def measure_compute(model: str, batch_size: int, processes: int, folder: Path, work: str = "local",
                     amp: bool = False) -> dict:
     """``processes`` ranks timing a worker's step of ``work`` at once; compute_time, jitter, backward_fraction,
@@ -208,6 +306,74 @@ def _probe_rank(out: str, repeats: int, idle: float) -> None:
     result["allreduce"] = result["allreduce_fp32"]
     if rank == 0:
         write_atomic(out, json.dumps(result))
+    dist.destroy_process_group()
+
+
+def _sleep_until(deadline: float) -> None:
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(min(left, 0.001) if left > 0.002 else 0)
+
+
+def _wait_timed(works: list, ends: list[float]) -> None:
+    """Wait for every receive of ``works``, writing when each completed into ``ends``. gloo completes a
+    receive only inside wait(), so each is waited for on a thread of its own."""
+
+    def receive(i: int) -> None:
+        works[i].wait()
+        ends[i] = time.perf_counter()
+
+    threads = [threading.Thread(target=receive, args=(i,)) for i in range(len(works))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) -> None:
+    """Rank 0 is the shared host; ranks 1 and 2 its peers. "into": both peers send to rank 0 (pushes meeting
+    in the shaper in front of a server); "out": rank 0 sends to both (pulls leaving through the server's
+    own shaper). The second transfer starts SHARING_OFFSETS of a lone transfer after the first. Every
+    namespace of the testbed reads one CLOCK_MONOTONIC (time.perf_counter), so the instants compare."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    buffers = [torch.zeros(size // 4) for _ in range(2)]
+    trials = []
+    for pattern in ("into", "out"):
+        for fraction in SHARING_OFFSETS:
+            for repeat in range(repeats + 1):  # the first is a warm-up (connections, buffers)
+                dist.barrier()
+                start = torch.tensor([time.perf_counter() + idle + 0.02], dtype=torch.float64)
+                dist.broadcast(start, 0)  # one instant for all; the links then rest ``idle`` (refilling buckets)
+                at = (float(start), float(start) + fraction * lone)  # when flow 0 (peer 1) and flow 1 (peer 2) start
+                starts, ends = [math.nan, math.nan], [math.nan, math.nan]
+                if pattern == "into" and rank == 0:
+                    _wait_timed([dist.irecv(buffers[i], i + 1) for i in range(2)], ends)
+                elif pattern == "into":
+                    _sleep_until(at[rank - 1])
+                    starts[rank - 1] = time.perf_counter()
+                    dist.send(buffers[0], 0)
+                elif rank == 0:
+                    works = []
+                    for i in range(2):
+                        _sleep_until(at[i])
+                        starts[i] = time.perf_counter()
+                        works.append(dist.isend(buffers[i], i + 1))
+                    for work in works:
+                        work.wait()
+                else:
+                    dist.recv(buffers[0], 0)
+                    ends[rank - 1] = time.perf_counter()
+                gathered = [None] * dist.get_world_size()
+                dist.all_gather_object(gathered, (starts, ends))
+                if repeat:  # each instant was taken by one rank: the one that is not NaN
+                    known = [[next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)]
+                             for values in zip(*gathered)]
+                    trials.append({"pattern": pattern, "fraction": fraction, "starts": known[0], "ends": known[1]})
+    if rank == 0:
+        write_atomic(out, json.dumps(trials))
     dist.destroy_process_group()
 
 
@@ -292,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--probe", help="(a rank of) the link probe: write the sweeps here")
     what.add_argument("--compute", help="(a rank of) the compute probe: write the timings here")
+    what.add_argument("--sharing", help="(a rank of) the sharing probe: write the collisions here")
+    ap.add_argument("--size", type=integer, default=2**20, help="bytes of each transfer of the sharing probe")
+    ap.add_argument("--lone", type=number, default=0.0, help="seconds a lone transfer of --size takes (offsets)")
     ap.add_argument("--repeats", type=integer, default=5)
     ap.add_argument("--idle", type=number, default=0.0, help="seconds each link rests before a timed transfer")
     ap.add_argument("--model", default="lenet", choices=MODELS)
@@ -300,7 +469,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--amp", action="store_true")
     args = ap.parse_args(argv)
     try:
-        check_out_file(args.probe or args.compute, "--probe" if args.probe else "--compute")
+        out, flag = next((v, f) for v, f in ((args.probe, "--probe"), (args.compute, "--compute"),
+                                             (args.sharing, "--sharing")) if v)
+        check_out_file(out, flag)
+        check_count("--size", args.size, 4, 2**30)
+        if not 0 <= args.lone <= 60:
+            raise ValueError(f"--lone must be between 0 and 60 seconds, got {args.lone:g}")
         check_count("--repeats", args.repeats, 1, MAX_REPEATS)
         check_count("--batch-size", args.batch_size, 1)
         check_memory("--batch-size", args.batch_size, "samples of a batch", SAMPLE_BYTES, "lower --batch-size")
@@ -310,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(err))
     if args.probe:
         _probe_rank(args.probe, args.repeats, args.idle)
+    elif args.sharing:
+        _sharing_rank(args.sharing, args.size, args.repeats, args.idle, args.lone)
     else:
         _compute_rank(args.compute, args.model, args.batch_size, args.work, args.amp)
     return 0

@@ -12,6 +12,7 @@ import pytest
 
 from real.config import RunConfig
 from real.testbed import Testbed, TestbedConfig, run
+from real.testbed.calibration import SHARING_OFFSETS, measure_sharing
 from real.testbed.namespaces import NETNS_ETC, namespaces
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +117,27 @@ def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path, agent)
     assert set(checksums) == {"0", "1"} and len(set(checksums.values())) == 1
     # one torchrun node per host, each with its own log
     assert sorted(p.name for p in (tmp_path / "testbed").iterdir()) == ["node0.log", "node1.log"]
+    assert namespaces(PREFIX) == []
+
+
+@pytest.mark.testbed
+def test_the_sharing_probe_times_collisions_the_shaper_can_carry(tmp_path):
+    # Two transfers of n bytes through one host's 25 MB/s shaper cannot both be done sooner than
+    # (2n - 2b)/B after the first starts (b the bucket, counted for each flow at most), and each ends
+    # after it starts. The fit tries w = 1 among its candidates, so each trial's own weight fits at
+    # least as well as equal sharing: residual <= residual_fair.
+    size, rate = 200_000, 25e6
+    link = {"bandwidth": 23.9e6, "alpha": 3e-4}  # the payload rate behind a 25 MB/s link (test above)
+    burst = TestbedConfig(hosts=3, bandwidth="200Mbit/s").burst
+    got = measure_sharing("200Mbit/s", tmp_path, link, burst, size, prefix=PREFIX, repeats=1)
+    trials = got["trials"]
+    assert sorted({(t["pattern"], t["fraction"]) for t in trials}) == sorted(
+        (p, f) for p in ("into", "out") for f in SHARING_OFFSETS)
+    for t in trials:
+        assert all(end > start for start, end in zip(t["starts"], t["ends"])), t
+        assert max(t["ends"]) - min(t["starts"]) >= (2 * size - 2 * burst) / rate, t
+    assert got["spread"] >= 0 and got["residual"] <= got["residual_fair"] + 1e-12
+    assert len(got["trial_weights"]) == len(trials)
     assert namespaces(PREFIX) == []
 
 

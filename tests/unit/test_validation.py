@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from real.testbed.calibration import fit_links
+from real.testbed.calibration import SHARING_OFFSETS, fit_links, fit_sharing, simulate_collision
 from studies import validation
 from syncsim import Cluster, Link, Workload, simulate
 
@@ -88,6 +88,54 @@ def test_a_point_to_point_rate_that_depends_on_size_is_fitted_at_the_run_s_messa
         assert all(message / 2 <= n <= message * 2 for n in fits["pingpong"]["rate_sizes"])
         # a collective's messages are the library's chunks, not the run's gradient: every large size
         assert fits["allreduce_fp32"]["bandwidth"] == unsized["allreduce_fp32"]["bandwidth"]
+
+
+def _collisions(weights: list[float], pattern: str, size: float, rate: float, alpha: float, burst: float) -> list:
+    """Trials as the sharing probe records them, from a link whose i-th collision gives the newer flow
+    ``weights[i]``, its start offsets cycling through SHARING_OFFSETS."""
+    lone = size / rate
+    trials = []
+    for i, weight in enumerate(weights):
+        fraction = SHARING_OFFSETS[i % len(SHARING_OFFSETS)]
+        starts = [10.0, 10.0 + fraction * lone + 1e-6]  # the second flow starts (just) later
+        trials.append({"pattern": pattern, "fraction": fraction, "starts": starts,
+                       "ends": simulate_collision(starts, size, rate, alpha, burst, weight)})
+    return trials
+
+
+def test_sharing_fit_recovers_each_collisions_weight_their_mean_and_spread():
+    # Basis: the fit inverts simulate_collision trial by trial; collisions generated with known weights
+    # (lognormal: the newer flow favoured 2x on average into a host, 0.7x out of it, log-sd 0.3) must
+    # give those weights back, their geometric means and the log-sd of the sample, with a residual near
+    # 0 where equal sharing leaves a clear one.
+    size, rate, alpha, burst = 400_000, 23e6, 300e-6, 25_000
+    rng = np.random.default_rng(7)
+    into, out = 2.0 * np.exp(0.3 * rng.standard_normal(9)), 0.7 * np.exp(0.3 * rng.standard_normal(9))
+    trials = _collisions(list(into), "into", size, rate, alpha, burst) + _collisions(list(out), "out", size, rate,
+                                                                                      alpha, burst)
+    fit = fit_sharing(trials, rate, alpha, burst, size)
+    np.testing.assert_allclose(fit["trial_weights"], np.concatenate([into, out]), rtol=0.01)
+    logs = np.log(np.concatenate([into, out]))
+    assert fit["weight"] == pytest.approx(np.exp(logs.mean()), rel=0.01)
+    assert fit["spread"] == pytest.approx(logs.std(ddof=1), abs=0.01)
+    assert fit["weights"]["into"] == pytest.approx(np.exp(np.log(into).mean()), rel=0.01)
+    assert fit["weights"]["out"] == pytest.approx(np.exp(np.log(out).mean()), rel=0.01)
+    assert fit["residual"] < 1e-3 < 0.02 < fit["residual_fair"]
+    alike = fit_sharing(_collisions([3.0] * 3, "into", size, rate, alpha, burst), rate, alpha, burst, size)
+    assert alike["weight"] == pytest.approx(3.0, rel=0.01) and alike["spread"] < 0.01
+    with pytest.raises(ValueError, match="at least 2 trials"):
+        fit_sharing(trials[:1], rate, alpha, burst, size)
+
+
+def test_a_collision_conserves_the_links_work_whatever_the_weight():
+    # Basis: processor sharing of any weights is work-conserving, so two flows started together on an
+    # idle link of bucket b both end by alpha + (2n - b)/B; the weight only moves the first end.
+    size, rate, alpha, burst = 400_000, 23e6, 300e-6, 25_000
+    for weight in (0.25, 1.0, 3.0):
+        ends = simulate_collision([0.0, 0.0], size, rate, alpha, burst, weight)
+        assert max(ends) == pytest.approx(alpha + (2 * size - burst) / rate, rel=1e-9)
+    newer_first = simulate_collision([0.0, 0.0], size, rate, alpha, burst, 3.0)
+    assert newer_first[1] < newer_first[0]
 
 
 def _fake_study(monkeypatch, fail: set):
