@@ -1,8 +1,8 @@
 """Links shared by concurrent flows: processor sharing with virtual-time bookkeeping.
 
-A ``SharedLink`` serves every active flow at the same rate, min(cap, B/n) for
-n flows (equal sharing, as TCP or RDMA flows of equal RTT converge to; the
-per-flow ``cap`` is the sender's own NIC). Instead of recomputing every flow's
+A ``SharedLink`` by default serves every active flow at the same rate,
+min(cap, B/n) for n flows (equal sharing, as long TCP or RDMA flows of equal
+RTT converge to; the per-flow ``cap`` is the sender's own NIC). Instead of recomputing every flow's
 rate when one arrives or leaves (O(n) per event), it keeps the *virtual time*
 V: the bytes each active flow has received so far. A flow of s bytes arriving
 at virtual time V finishes when V reaches V + s, so flows sit in a heap keyed
