@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         out, flag = next((v, f) for v, f in ((args.probe, "--probe"), (args.compute, "--compute"),
-                                             (args.sharing, "--sharing")) if v)
+                                             (args.sharing, "--sharing")) if v is not None)
         check_out_file(out, flag)
         check_count("--size", args.size, 4, 2**30)
         if not 0 <= args.lone <= 60:
@@ -482,9 +482,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--idle must be between 0 and 60 seconds, got {args.idle:g}")
     except ValueError as err:
         ap.error(str(err))
-    if args.probe:
+    if args.probe is not None:
         _probe_rank(args.probe, args.repeats, args.idle)
-    elif args.sharing:
+    elif args.sharing is not None:
         _sharing_rank(args.sharing, args.size, args.repeats, args.idle, args.lone)
     else:
         _compute_rank(args.compute, args.model, args.batch_size, args.work, args.amp)
