@@ -129,9 +129,15 @@ def test_flows_half_a_byte_apart_finish_half_a_byte_apart():
 
 
 def test_two_equal_flows_take_twice_as_long():
-    # Basis: equal sharing gives each of two flows B/2.
+    # Basis: equal sharing gives each of two flows B/2 — also on a link built with every default.
     assert run_link([(0.0, 1e6), (0.0, 1e6)], 1e6) == [approx(2.0), approx(2.0)]
     assert run_link([(0.0, 1e6)], 1e6) == [approx(1.0)]
+    env = simpy.Environment()
+    link = SharedLink(env, 1e6)
+    first, second = link.transfer(1e6), link.transfer(1e6)
+    env.run()
+    assert first.ok and second.ok and env.now == approx(2.0, rel=1e-12)
+    assert link.newcomer_weight == 1.0 and link.sharing_spread == 0.0
 
 
 def test_late_arrival_shares_the_rest():
@@ -200,6 +206,11 @@ def test_a_capped_flow_leaves_its_share_to_the_others():
     # A and B (0.4 MB) end at 1 s; C has 0.2 MB left and then goes alone at the cap: 1.5 s.
     assert run_link([(0.0, 4e5), (0.0, 4e5), (0.0, 4e5)], 1e6, cap=4e5, newcomer_weight=0.2) == [
         approx(1.0), approx(1.0), approx(1.5)]
+    # Three others beside a capped newcomer share what it leaves, 0.5 MB/s, a third each (not a whole
+    # number of bytes per second): D (w = 6, capped at 0.5 MB/s) ends its 1 MB at 2 s, when A, B and C
+    # have 1/3 MB each done; the 2 MB left go at 1 MB/s shared: 4 s.
+    assert run_link([(0.0, 1e6)] * 4, 1e6, cap=5e5, newcomer_weight=6.0) == [
+        approx(4.0, rel=1e-12)] * 3 + [approx(2.0, rel=1e-12)]
 
 
 def test_a_newcomer_weight_must_be_positive_and_finite():
