@@ -120,7 +120,8 @@ class SharedLink:
         done = env.event()
         now = env.now
         heap = self._heap
-        if self.burst and not self.active and nbytes > 0:  # an idle shaper: its bucket lets bytes through at once
+        # an idle shaper: its bucket lets bytes through at once
+        if self.burst and not heap and self._newcomer is None and nbytes > 0:
             self.tokens = min(self.burst, self.tokens + (now - self._idle_since) * self.bandwidth)
             granted = min(self.tokens, nbytes)
             self.tokens -= granted
@@ -129,14 +130,18 @@ class SharedLink:
             nbytes -= granted
         if nbytes <= 0:
             return done.succeed()
-        self._advance(now)
         self._seq += 1
         self.bytes_served += nbytes
-        if not self._weighted:
+        if not self._weighted:  # equal sharing, inlined: the simulator's hot path
+            if heap:
+                self._virtual += (now - self._updated) * self._rate
+            self._updated = now
             heapq.heappush(heap, (self._virtual + nbytes, self._seq, done))
-            self._rate = self.rate(len(heap))
+            n = len(heap)
+            self._rate = self.rate(n)
             rearm = heap[0][1] == self._seq
         else:  # the newest flow takes the newcomer's weight; the one it replaces joins the others
+            self._advance(now)
             if self._newcomer is not None:
                 left, _, event, _, _ = self._newcomer
                 heapq.heappush(heap, (self._virtual + left, self._seq - 1, event))
@@ -145,8 +150,8 @@ class SharedLink:
                 weight *= math.exp(self.sharing_spread * self._rng.standard_normal())
             self._newcomer = [nbytes, 0.0, done, nbytes, weight]
             self._rate, self._newcomer[1] = self._shares(len(heap), weight)
+            n = len(heap) + 1
             rearm = True
-        n = self.active
         if n > self.peak_flows:
             self.peak_flows = n
         # A new flow moves the next completion earlier only if it finishes first; otherwise the pending
@@ -165,9 +170,13 @@ class SharedLink:
         self._updated = now
 
     def _arm(self, now: float) -> None:
-        delay = (self._heap[0][0] - self._virtual) / self._rate if self._heap else math.inf
-        if self._newcomer is not None:
-            delay = min(delay, self._newcomer[0] / self._newcomer[1])
+        newcomer = self._newcomer
+        if newcomer is None:
+            delay = (self._heap[0][0] - self._virtual) / self._rate
+        else:
+            delay = newcomer[0] / newcomer[1]
+            if self._heap:
+                delay = min(delay, (self._heap[0][0] - self._virtual) / self._rate)
         self._wake_gen += 1
         self._wake_pending = True
         wake = self.env.timeout(delay if delay > 0 else 0.0, self._wake_gen)
@@ -178,7 +187,12 @@ class SharedLink:
             return  # superseded by a later arm
         now = self.env.now
         heap = self._heap
-        self._advance(now)
+        if self._newcomer is None:  # _advance, inlined for the equal-sharing hot path
+            if heap:
+                self._virtual += (now - self._updated) * self._rate
+            self._updated = now
+        else:
+            self._advance(now)
         self._wake_pending = False
         threshold = self._virtual * (1 + _TAG_RTOL) + _TAG_RTOL
         finished = []
@@ -200,7 +214,7 @@ class SharedLink:
             self._rate = self.rate(len(heap))
         else:
             self._rate, newcomer[1] = self._shares(len(heap), newcomer[4])
-        if self.active:
+        if heap or newcomer is not None:
             self._arm(now)
         else:
             self._idle_since = now
