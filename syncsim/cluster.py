@@ -90,12 +90,10 @@ def _as_link(owner: str, name: str, value: object) -> Link | None:
         unknown = set(value) - {"bandwidth", "latency", "burst", "newcomer_weight", "sharing_spread"}
         if unknown or "bandwidth" not in value:
             raise ValueError(f"{owner}.{name} takes bandwidth (required), latency, burst, newcomer_weight and "
-                             f"sharing_spread; "
-                             f"got keys {sorted(value)}")
+                             f"sharing_spread; got keys {sorted(value)}")
         return Link(**value)
     raise ValueError(f"{owner}.{name} must be a Link (or a dict with bandwidth, latency, burst, newcomer_weight, "
-                     f"sharing_spread), "
-                     f"got {value!r}")
+                     f"sharing_spread), got {value!r}")
 
 
 @dataclass(frozen=True)
