@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from real.config import RunConfig
+from real.config import MODELS, RunConfig
 from real.testbed import TestbedConfig
 from syncsim import Cluster, Link, Workload, simulate
+from syncsim.collectives import ALGORITHMS
 from syncsim.convergence import Digits, LogisticRegression, Quadratic, replay
 from syncsim.limits import MAX_BUCKETS, MAX_GPUS, MAX_PARAM_BYTES
 from syncsim.schemes import AllReduce, LocalSGD, ParameterServer, parse
@@ -73,7 +74,8 @@ TARGETS = {
                                      "seed": bad_counts(0)}),
     "AllReduce": (AllReduce, {}, {
         "bucket_bytes": bad_units(SIZE, low=1.0, low_open=False), "overlap": not_values().filter(
-            lambda v: not isinstance(v, (bool, np.bool_))), "algorithm": st.text(max_size=8),
+            lambda v: not isinstance(v, (bool, np.bool_))), "algorithm": st.text(max_size=8).filter(
+            lambda t: t not in ALGORITHMS),
         "precision": st.sampled_from(["fp8", "FP16", "none", ""])}),
     "ParameterServer": (ParameterServer, dict(staleness=1), {"staleness": bad_counts(0).filter(
         lambda v: v is not None)}),  # None: no bound, the default
@@ -85,7 +87,7 @@ TARGETS = {
         "slow": st.sampled_from(["1:", ":3", "1:2,", "a:b", "1:٣", "9:2", "1:0.5", "1:1e9", "1:nan", "1:2:3"]),
         "fail": st.sampled_from(["1:", "1:2,", ",1:2", "1:2:explode", "1:٣", "5:1", "1:-1", "1:20", "1:2:hang:x"]),
         "out": st.sampled_from(["", " ", "/proc/syncsim-out", "/dev/null", "/dev/null/x"]),
-        "amp": st.sampled_from([1, "true", None]), "model": st.text(max_size=6)}),
+        "amp": st.sampled_from([1, "true", None]), "model": st.text(max_size=6).filter(lambda t: t not in MODELS)}),
     "TestbedConfig": (TestbedConfig, {}, {
         "hosts": bad_counts(1, 154), "bandwidth": st.one_of(bad_units(BANDWIDTH), st.just("10bit/s")),
         "queue": bad_units(TIME), "prefix": st.one_of(st.text(max_size=14).filter(
