@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import numpy as np
@@ -86,14 +86,13 @@ class Link:
 def _as_link(owner: str, name: str, value: object) -> Link | None:
     if value is None or isinstance(value, Link):
         return value
+    keys = [f.name for f in fields(Link)]  # bandwidth first: the one without a default
     if isinstance(value, dict):
-        unknown = set(value) - {"bandwidth", "latency", "burst", "newcomer_weight", "sharing_spread"}
-        if unknown or "bandwidth" not in value:
-            raise ValueError(f"{owner}.{name} takes bandwidth (required), latency, burst, newcomer_weight and "
-                             f"sharing_spread; got keys {sorted(value)}")
+        if set(value) - set(keys) or "bandwidth" not in value:
+            raise ValueError(f"{owner}.{name} takes bandwidth (required), {', '.join(keys[1:-1])} and {keys[-1]}; "
+                             f"got keys {sorted(value)}")
         return Link(**value)
-    raise ValueError(f"{owner}.{name} must be a Link (or a dict with bandwidth, latency, burst, newcomer_weight, "
-                     f"sharing_spread), got {value!r}")
+    raise ValueError(f"{owner}.{name} must be a Link (or a dict with {', '.join(keys)}), got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import simpy
@@ -54,6 +55,18 @@ __all__ = ["SharedLink", "triggered"]
 # Relative tolerance when deciding a flow's finish tag has been reached: the
 # virtual time is a sum of float products and drifts by a few ulps.
 _TAG_RTOL = 1e-12
+
+
+@dataclass(slots=True)
+class _Newcomer:
+    """The newest flow of a weighted link, served apart from the virtual-time heap."""
+
+    left: float          # bytes still to send
+    size: float          # bytes it started with
+    weight: float
+    seq: int             # its place in arrival order: the heap's tie-break once a newer flow demotes it
+    done: simpy.Event
+    rate: float = 0.0    # bytes/second it receives now
 
 
 class SharedLink:
@@ -85,8 +98,7 @@ class SharedLink:
         self._updated = 0.0          # simulated time of the last virtual-time update
         self._rate = self.rate(1)    # current rate of each flow in the heap
         self._heap: list[tuple[float, int, simpy.Event]] = []
-        # Only when weighted: the newest flow as [bytes left, its rate, event, bytes, its weight], or None.
-        self._newcomer: list | None = None
+        self._newcomer: _Newcomer | None = None  # only on a weighted link
         self._seq = 0
         self._wake_pending = False
         self._wake_gen = 0           # generation of the pending wake-up (stale ones are ignored)
@@ -130,26 +142,29 @@ class SharedLink:
             nbytes -= granted
         if nbytes <= 0:
             return done.succeed()
+        # serve every active flow up to now (written out here and in _on_wake: the simulator's hot path)
+        newcomer = self._newcomer
+        elapsed = now - self._updated
+        if heap:
+            self._virtual += elapsed * self._rate
+        if newcomer is not None:
+            newcomer.left -= elapsed * newcomer.rate
+        self._updated = now
         self._seq += 1
         self.bytes_served += nbytes
-        if not self._weighted:  # equal sharing, inlined: the simulator's hot path
-            if heap:
-                self._virtual += (now - self._updated) * self._rate
-            self._updated = now
+        if not self._weighted:
             heapq.heappush(heap, (self._virtual + nbytes, self._seq, done))
             n = len(heap)
             self._rate = self.rate(n)
             rearm = heap[0][1] == self._seq
         else:  # the newest flow takes the newcomer's weight; the one it replaces joins the others
-            self._advance(now)
-            if self._newcomer is not None:
-                left, _, event, _, _ = self._newcomer
-                heapq.heappush(heap, (self._virtual + left, self._seq - 1, event))
+            if newcomer is not None:
+                heapq.heappush(heap, (self._virtual + newcomer.left, newcomer.seq, newcomer.done))
             weight = self.newcomer_weight
             if self.sharing_spread:  # lognormal about the systematic weight (see the module docstring)
                 weight *= math.exp(self.sharing_spread * self._rng.standard_normal())
-            self._newcomer = [nbytes, 0.0, done, nbytes, weight]
-            self._rate, self._newcomer[1] = self._shares(len(heap), weight)
+            newcomer = self._newcomer = _Newcomer(left=nbytes, size=nbytes, weight=weight, seq=self._seq, done=done)
+            self._rate, newcomer.rate = self._shares(len(heap), weight)
             n = len(heap) + 1
             rearm = True
         if n > self.peak_flows:
@@ -160,21 +175,12 @@ class SharedLink:
             self._arm(now)
         return done
 
-    def _advance(self, now: float) -> None:
-        """Serve every active flow from the last update to ``now``."""
-        elapsed = now - self._updated
-        if self._heap:
-            self._virtual += elapsed * self._rate
-        if self._newcomer is not None:
-            self._newcomer[0] -= elapsed * self._newcomer[1]
-        self._updated = now
-
     def _arm(self, now: float) -> None:
         newcomer = self._newcomer
         if newcomer is None:
             delay = (self._heap[0][0] - self._virtual) / self._rate
         else:
-            delay = newcomer[0] / newcomer[1]
+            delay = newcomer.left / newcomer.rate
             if self._heap:
                 delay = min(delay, (self._heap[0][0] - self._virtual) / self._rate)
         self._wake_gen += 1
@@ -187,12 +193,13 @@ class SharedLink:
             return  # superseded by a later arm
         now = self.env.now
         heap = self._heap
-        if self._newcomer is None:  # _advance, inlined for the equal-sharing hot path
-            if heap:
-                self._virtual += (now - self._updated) * self._rate
-            self._updated = now
-        else:
-            self._advance(now)
+        newcomer = self._newcomer
+        elapsed = now - self._updated  # serve every active flow up to now, as in transfer
+        if heap:
+            self._virtual += elapsed * self._rate
+        if newcomer is not None:
+            newcomer.left -= elapsed * newcomer.rate
+        self._updated = now
         self._wake_pending = False
         threshold = self._virtual * (1 + _TAG_RTOL) + _TAG_RTOL
         finished = []
@@ -204,16 +211,15 @@ class SharedLink:
             if tag > threshold and now + (tag - self._virtual) / rate > now:
                 break
             finished.append(heapq.heappop(heap)[2])
-        newcomer = self._newcomer
         # the same two tests for the newcomer, on its bytes left
-        if newcomer is not None and (newcomer[0] <= _TAG_RTOL * (1 + newcomer[3])
-                                     or now + newcomer[0] / newcomer[1] <= now):
-            finished.append(newcomer[2])
+        if newcomer is not None and (newcomer.left <= _TAG_RTOL * (1 + newcomer.size)
+                                     or now + newcomer.left / newcomer.rate <= now):
+            finished.append(newcomer.done)
             newcomer = self._newcomer = None
         if newcomer is None:
             self._rate = self.rate(len(heap))
         else:
-            self._rate, newcomer[1] = self._shares(len(heap), newcomer[4])
+            self._rate, newcomer.rate = self._shares(len(heap), newcomer.weight)
         if heap or newcomer is not None:
             self._arm(now)
         else:

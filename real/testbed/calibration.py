@@ -68,6 +68,12 @@ def _cached(path: Path, measure) -> dict:
     return result
 
 
+def _refill_idle(config) -> float:
+    """Seconds the links rest before each timed transfer: twice a bucket's refill time, so every message
+    meets a full bucket, as one after a step's compute does (config: the testbed's TestbedConfig)."""
+    return 2 * config.burst / config.bandwidth
+
+
 def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
                  message_bytes: float | None = None) -> dict:
     """Probe a 2-host testbed at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket, "fits": fit_links},
@@ -79,9 +85,7 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
 
         probe_file = folder / f"probe-{slug(bandwidth)}.json"
         with Testbed(hosts=2, bandwidth=bandwidth, prefix=prefix) as bed:
-            # links rest twice a bucket's refill time before each timed transfer: every message meets a
-            # full bucket, as one after a step's compute does
-            idle = 2 * bed.config.burst / bed.config.bandwidth
+            idle = _refill_idle(bed.config)
             codes = torchrun_on(bed, "real.testbed.calibration", ["--probe", str(probe_file), "--repeats",
                                                                   str(repeats), "--idle", str(idle)],
                                 folder / "logs", timeout=900, agent=False)
@@ -155,7 +159,7 @@ def measure_sharing(bandwidth: str, folder: Path, link: dict, burst: float, mess
 
         probe_file = folder / f"sharing-{slug(bandwidth)}-{size}.raw.json"
         with Testbed(hosts=3, bandwidth=bandwidth, prefix=prefix) as bed:
-            idle = 2 * bed.config.burst / bed.config.bandwidth  # as measure_link: every trial meets full buckets
+            idle = _refill_idle(bed.config)
             lone = size / bed.config.bandwidth
             codes = torchrun_on(bed, "real.testbed.calibration",
                                 ["--sharing", str(probe_file), "--size", str(size), "--repeats", str(repeats),
