@@ -2,12 +2,14 @@
 
 For each configuration (scheme, workers, link rate, model, one slowed worker or none):
 
-1. calibrate here, under the configuration's own contention (real.testbed.calibration): link α and β
-   fitted on a 2-host testbed at that rate; compute time, its jitter and the backward's share timed
+1. calibrate here, under the configuration's own contention (real.testbed.calibration): link α, β and
+   a collective's launch cost fitted on a testbed at that rate (an all-reduce over as many hosts as
+   the run has workers, a ping-pong between two); compute time, its jitter and the backward's share timed
    with as many processes computing at once as the configuration has ranks; for a parameter server
    with several workers, how two colliding transfers of the gradient split a host's shaper, timed
    on a 3-host testbed (the server NIC's newcomer weight and sharing spread, syncsim.network);
-2. predict: ``simulate`` on that Cluster and Workload, the slowed worker as its speed factor;
+2. predict: ``simulate`` on that Cluster and Workload, the slowed worker as its speed factor, every
+   all-reduce a ring as gloo runs it (as_run_on_gloo);
 3. measure: the executor runs the scheme for real on a testbed of world + servers hosts;
 4. compare, by one definition of every figure (syncsim.metrics) on both sides.
 
@@ -50,8 +52,8 @@ KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
            "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
            "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max", "measured_staleness_max",
-           "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha", "server_bandwidth",
-           "server_alpha", "server_newcomer_weight", "server_sharing_spread", "wall_time", "error")
+           "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha", "link_launch",
+           "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread", "wall_time", "error")
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,10 @@ def calibrate(config: Config, args: argparse.Namespace):
     compute = measure_compute(config.model, args.batch_size, config.world, folder, work=config.work, amp=spec.amp)
     # the links' rates around the size of what the run sends at once: the gradient at the wire precision
     message = sum(compute["layers"]) * spec.wire_ratio
-    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message)
+    # all-reduces are probed over the run's own workers (their chunks and their contention for the cores);
+    # pushes and pulls are point to point, which two hosts time
+    hosts = 2 if config.servers else max(2, config.world)
+    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message, hosts=hosts)
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
     # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes
@@ -178,15 +183,29 @@ def calibrate(config: Config, args: argparse.Namespace):
         speed = (1.0,) * (config.world - 1) + (slow_speed(compute, config.slow),)
     cluster = Cluster.homogeneous(gpus=config.world, link=link, servers=config.servers,
                                   server_link=server_link if config.servers else None, speed=speed,
-                                  jitter=compute["jitter"], name="testbed")
+                                  jitter=compute["jitter"], collective_latency=sent["launch"], name="testbed")
     workload = Workload(param_bytes=sum(compute["layers"]), layers=tuple(compute["layers"]),
                         compute_time=compute["compute_time"], batch_size=args.batch_size,
                         backward_fraction=compute["backward_fraction"], name=config.model)
     values = {"compute_time": workload.compute_time, "jitter": cluster.jitter, "link_bandwidth": link.bandwidth,
-              "link_alpha": link.latency, "server_bandwidth": server_link.bandwidth,
+              "link_alpha": link.latency, "link_launch": cluster.collective_latency,
+              "server_bandwidth": server_link.bandwidth,
               "server_alpha": server_link.latency, "server_newcomer_weight": server_link.newcomer_weight,
               "server_sharing_spread": server_link.sharing_spread}
     return cluster, workload, values
+
+
+def as_run_on_gloo(scheme: str):
+    """``scheme`` as the executor carries it out on gloo, which runs every all-reduce as a ring whatever
+    algorithm is asked for (gloo/allreduce.cc: an unspecified algorithm is RING, and real.worker hands
+    the spec's algorithm to NCCL only). ``auto`` would price NCCL's tuner choosing between ring and
+    tree, a choice gloo never makes."""
+    from syncsim.schemes import parse
+
+    spec = parse(scheme)
+    if getattr(spec, "algorithm", "ring") != "ring":
+        spec = dataclasses.replace(spec, algorithm="ring")
+    return spec
 
 
 def slow_speed(compute: dict, factor: float) -> float:
@@ -246,10 +265,11 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
     try:
         cluster, workload, values = calibrate(config, args)
         row.update(values)
-        result = simulate(cluster, workload, config.scheme, steps=args.steps, seed=0)
+        scheme = as_run_on_gloo(config.scheme)
+        result = simulate(cluster, workload, scheme, steps=args.steps, seed=0)
         steps = row["run_steps"] = run_steps(args.steps, result.makespan)
         if steps != args.steps:
-            result = simulate(cluster, workload, config.scheme, steps=steps, seed=0)
+            result = simulate(cluster, workload, scheme, steps=steps, seed=0)
         folder.mkdir(parents=True, exist_ok=True)
         result.trace.to_csv(folder / "sim-trace.csv", index=False)  # beside the real trace.csv, to compare
         result.updates.to_csv(folder / "sim-updates.csv", index=False)

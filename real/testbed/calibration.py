@@ -2,10 +2,11 @@
 
 Every number the simulator is given is measured here, on this machine, and has a physical meaning:
 
-- **links**: a probe on a 2-host testbed at the configuration's rate times a ping-pong and a two-host
-  all-reduce at each wire precision over message sizes SWEEP, each message after the links rested
-  long enough to refill their tbf buckets; fit_links gives α and B of each closed form on a
-  token-bucket link. The all-reduce fit at the scheme's precision is the link of workers that
+- **links**: a probe on a testbed at the configuration's rate times a ping-pong between two hosts and
+  an all-reduce over every host at each wire precision, over message sizes SWEEP, each message after
+  the links rested long enough to refill their tbf buckets; an all-reducing run is probed on as many
+  hosts as it has workers. fit_links gives α, B and a collective's launch cost L of each closed form
+  on a token-bucket link. The all-reduce fit at the scheme's precision is the link of workers that
   all-reduce (what collectives see, reduction arithmetic included), the ping-pong fit that of workers
   that push and pull and of the parameter servers (point-to-point traffic); all carry the testbed's
   bucket as their burst.
@@ -75,27 +76,35 @@ def _refill_idle(config) -> float:
 
 
 def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
-                 message_bytes: float | None = None) -> dict:
-    """Probe a 2-host testbed at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket, "fits": fit_links},
-    the rates fitted around ``message_bytes`` when given (see fit_links)."""
+                 message_bytes: float | None = None, hosts: int = 2) -> dict:
+    """Probe a testbed of ``hosts`` hosts at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket,
+    "fits": fit_links}, the rates fitted around ``message_bytes`` when given (see fit_links).
+
+    The all-reduces run over every host, so a run's collectives are timed with its own number of ranks:
+    gloo's ring moves 2(p-1) chunks of n/p through each link, and how TCP paces those through a shaper
+    and how long the ranks' threads wait for this machine's two cores depend on p (measured at 1 Gbit/s,
+    a 407 kB all-reduce took 4-6 ms over two hosts and 6-9 ms over four). The ping-pong always runs
+    between hosts 0 and 1."""
 
     def measure() -> dict:
         from real.testbed.launcher import torchrun_on
         from real.testbed.namespaces import Testbed
 
-        probe_file = folder / f"probe-{slug(bandwidth)}.json"
-        with Testbed(hosts=2, bandwidth=bandwidth, prefix=prefix) as bed:
+        probe_file = folder / f"probe-{name}.json"
+        with Testbed(hosts=hosts, bandwidth=bandwidth, prefix=prefix) as bed:
             idle = _refill_idle(bed.config)
             codes = torchrun_on(bed, "real.testbed.calibration", ["--probe", str(probe_file), "--repeats",
                                                                   str(repeats), "--idle", str(idle)],
                                 folder / "logs", timeout=900, agent=False)
         if any(codes):
-            raise RuntimeError(f"link probe at {bandwidth} failed (node exit codes {codes}); logs in {folder}/logs")
+            raise RuntimeError(f"link probe at {bandwidth} on {hosts} hosts failed (node exit codes {codes}); "
+                               f"logs in {folder}/logs")
         probe = json.loads(probe_file.read_text())
-        return {"bandwidth": bandwidth, "burst": bed.config.burst, "probe": probe}
+        return {"bandwidth": bandwidth, "hosts": hosts, "burst": bed.config.burst, "probe": probe}
 
+    name = f"{slug(bandwidth)}-h{hosts}"
     # The raw sweep is cached; the fit is made from it each time.
-    measured = _cached(folder / f"link-{slug(bandwidth)}.json", measure)
+    measured = _cached(folder / f"link-{name}.json", measure)
     return measured | {"fits": fit_links(measured["probe"], measured["burst"], message_bytes)}
 
 
@@ -104,19 +113,27 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
 
     Every timed message met a full bucket of ``burst`` bytes, so a message of n bytes takes
     α + max(0, n - burst)/B per hop (one hop for ping-pong, the ring's 2(p-1) messages and
-    2(p-1)/p·n bytes per link for the all-reduce). B is fitted to the slope over messages of at least
-    BURSTS_FOR_RATE buckets (real.calibrate.fit_linear, weights 1/t); α is the median of all timings
-    of the messages of at most half a bucket, which pass at once, per message. The fitted intercept
-    then tells the bucket, a check on the model: ``burst_fitted`` = (messages·α - intercept)·B.
+    2(p-1)/p·n bytes per link for the all-reduce), and a collective also its launch cost L. B is fitted
+    to the slope over messages of at least BURSTS_FOR_RATE buckets (real.calibrate.fit_linear, weights
+    1/t). α is the ping-pong's one-way time of the messages of at most half a bucket, which pass at
+    once (the median of all their timings), and a collective's hops each cost that α, as
+    real.calibrate splits them. The fitted intercept tells the bucket, a check on the model:
+    ``burst_fitted`` = (L + messages·α - intercept)·B.
     The all-reduce is fitted at each wire precision the probe timed: its rate includes the
     reduction arithmetic, which on CPUs costs as much per byte as the link for fp16.
 
-    Given ``message_bytes`` (what a push or pull sends at once: the gradient at the wire precision),
-    the ping-pong's B is fitted over the probe's messages within a factor RATE_WINDOW of it, as
-    nccl-tests' bus bandwidth is read at the size of interest: TCP through a shaper need not reach one
-    rate at every size. A collective's rate is fitted over every large size: the messages it puts on
-    a link are the library's chunks of n/p, which depend on the number of ranks, and a 2-host probe
-    does not share them. Fewer than two messages in the window, and the fit uses every large one.
+    Given ``message_bytes`` (what a run sends at once: the gradient at the wire precision), each B is
+    fitted over the probe's messages within a factor RATE_WINDOW of it, as nccl-tests' bus bandwidth
+    is read at the size of interest: TCP through a shaper need not reach one rate at every size (at
+    50 Mbit/s a two-host all-reduce ran at 5.1 MB/s at 407 kB and 4.4 MB/s at 4 MiB). Fewer than two
+    messages in the window, or a slope there that is not positive, and the fit uses every large one.
+    A collective's L is then what the closed form leaves of the time measured at that size
+    (interpolated between the probe's sizes around it), so that the form passes through it. Without
+    a size, or beyond the probe's, L is what its hops leave of the small messages' time. On this
+    machine a gloo all-reduce of up to half a megabyte over four hosts costs about the same 6-9 ms
+    whatever its size (its ranks' threads wait for two cores), and its time rises by the link's rate
+    only beyond: no single α and B fit both, and the run's own size is the one that matters. The
+    probe's all-reduces run over the run's own number of hosts (measure_link).
     """
     import numpy as np
 
@@ -130,19 +147,29 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
         rows = probe[name]
         n, t = (np.array([row[i] for row in rows], dtype=float) for i in (0, 1))
         large = n * scale >= BURSTS_FOR_RATE * burst
-        if message_bytes is not None and name == "pingpong":
-            near = large & (n >= message_bytes / RATE_WINDOW) & (n <= message_bytes * RATE_WINDOW)
-            if near.sum() >= 2:
-                large = near
-        small = n * scale <= max(burst / 2, (n * scale).min())
         intercept, slope, r2, residuals = fit_linear(n[large], t[large])
+        if message_bytes is not None:
+            near = large & (n >= message_bytes / RATE_WINDOW) & (n <= message_bytes * RATE_WINDOW)
+            if near.sum() >= 2 and (fit := fit_linear(n[near], t[near]))[1] > 0:
+                large, (intercept, slope, r2, residuals) = near, fit
+        small = n * scale <= max(burst / 2, (n * scale).min())
         # the median of every timing of the small messages: a stall of the shared machine moves a mean
         samples = [x for row, keep in zip(rows, small) if keep for x in (row[2] if len(row) > 2 else [row[1]])]
-        alpha = float(np.median(samples)) / messages
+        small_time = float(np.median(samples))
         bandwidth = scale / slope
-        fits[name] = {"alpha": alpha, "bandwidth": bandwidth, "r2": r2,
-                      "burst_fitted": (messages * alpha - intercept) * bandwidth, "relative_residuals": residuals,
-                      "rate_sizes": n[large].tolist(), "alpha_sizes": n[small].tolist(), "ranks": p}
+        # a collective's hops are small messages' one-way latencies (the ping-pong's α: the same veths)
+        alpha = small_time if name == "pingpong" else fits["pingpong"]["alpha"]
+        launch, launch_from = max(small_time - messages * alpha, 0.0), "small messages"
+        if name != "pingpong" and message_bytes is not None and n.min() <= message_bytes <= n.max():
+            # what the closed form leaves of the time measured at the run's size (interpolated
+            # between the sizes around it) is the launch, so that the form passes through it
+            at_size = float(np.interp(message_bytes, n, t))
+            launch = max(at_size - messages * alpha - max(0.0, scale * message_bytes - burst) / bandwidth, 0.0)
+            launch_from = "run's size"
+        fits[name] = {"alpha": alpha, "launch": launch, "launch_from": launch_from, "bandwidth": bandwidth,
+                      "r2": r2, "burst_fitted": (launch + messages * alpha - intercept) * bandwidth,
+                      "relative_residuals": residuals, "rate_sizes": n[large].tolist(),
+                      "alpha_sizes": n[small].tolist(), "ranks": p}
     return fits
 
 
@@ -258,9 +285,15 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, w
 
 
 # -- what the ranks run -------------------------------------------------------------
-def _timed(action, repeats: int, idle: float) -> list[float]:
+def _timed(action, repeats: int, idle: float, from_last: bool = False) -> list[float]:
     """Times of ``action()`` in ``repeats`` rounds after one warm-up; every rank starts each round
-    together, after the links rested ``idle`` seconds (a tbf bucket refills while its link rests)."""
+    together, after the links rested ``idle`` seconds (a tbf bucket refills while its link rests).
+
+    A round's time is its slowest rank's, or with ``from_last`` (collectives) the time from the last
+    rank's start to the last rank's end, as syncsim starts a collective once every rank has arrived:
+    ranks leave the barrier and the sleep apart (by milliseconds when four ranks wake on two cores),
+    and the rank that started first would count the others' lateness as the collective's. The ranks
+    share this machine's monotonic clock, so their instants compare directly."""
     import torch
     import torch.distributed as dist
 
@@ -270,10 +303,12 @@ def _timed(action, repeats: int, idle: float) -> list[float]:
         time.sleep(idle)
         t0 = time.perf_counter()
         action()
-        elapsed = torch.tensor([time.perf_counter() - t0])
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # as slow as its slowest rank
+        t1 = time.perf_counter()
+        # float64: perf_counter is seconds since boot, which float32 would round to milliseconds
+        instants = torch.tensor([t0, t1] if from_last else [t1 - t0], dtype=torch.float64)
+        dist.all_reduce(instants, op=dist.ReduceOp.MAX)
         if i:
-            times.append(float(elapsed))
+            times.append(float(instants[-1] - instants[0]) if from_last else float(instants[0]))
     return times
 
 
@@ -294,9 +329,10 @@ def _probe_rank(out: str, repeats: int, idle: float) -> None:
             dist.recv(buf, 0)
             dist.send(buf, 0)
 
-    def row(size: int, action, per: float = 1.0) -> tuple:
+    def row(size: int, action, per: float = 1.0, from_last: bool = False) -> tuple:
         # small messages are quick and their times noisy on a shared machine: time them more often
-        times = [t / per for t in _timed(action, repeats * (SMALL_REPEATS if size <= SMALL else 1), idle)]
+        rounds = repeats * (SMALL_REPEATS if size <= SMALL else 1)
+        times = [t / per for t in _timed(action, rounds, idle, from_last)]
         return size, statistics.median(times), times
 
     for size in SWEEP:
@@ -304,7 +340,7 @@ def _probe_rank(out: str, repeats: int, idle: float) -> None:
         result["pingpong"].append(row(size, lambda buf=buf: pingpong(buf), per=2.0))  # one way
     for precision, name in WIRE.items():
         dtype = getattr(torch, name)
-        result[f"allreduce_{precision}"] = [row(size, lambda buf=buf: dist.all_reduce(buf))
+        result[f"allreduce_{precision}"] = [row(size, lambda buf=buf: dist.all_reduce(buf), from_last=True)
                                             for size in SWEEP
                                             for buf in [torch.zeros(size // dtype.itemsize, dtype=dtype)]]
     result["allreduce"] = result["allreduce_fp32"]
