@@ -260,3 +260,27 @@ def test_every_all_reduce_is_predicted_as_the_ring_gloo_runs():
         assert spec.algorithm == "ring"
         assert dataclasses.replace(spec, algorithm=parse(text).algorithm) == parse(text)  # nothing else changed
     assert validation.as_run_on_gloo("ps:mode=async") == parse("ps:mode=async")
+
+
+def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_the_launch(monkeypatch, tmp_path):
+    # A ring's chunks and its ranks' contention for the cores depend on p: the probe has the run's hosts
+    # (point-to-point traffic, two), and the fitted launch cost reaches the cluster as collective_latency.
+    probed = []
+    fit = {"alpha": 1e-4, "launch": 3e-3, "bandwidth": 5e6}
+
+    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts):
+        probed.append(hosts)
+        return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0}, "allreduce_fp32": fit,
+                                          "allreduce_fp16": fit}}
+
+    compute = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
+               "layers": [1000, 2000]}
+    monkeypatch.setattr("real.testbed.calibration.measure_link", measure_link)
+    monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: compute)
+    monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
+    args = validation.parse_args(["--out", str(tmp_path / "v")])
+    for scheme, world, hosts, launch in (("allreduce", 4, 4, 3e-3), ("localsgd:period=4", 2, 2, 3e-3),
+                                         ("allreduce", 1, 2, 3e-3), ("ps:mode=async", 4, 2, 0.0)):
+        cluster, _, values = validation.calibrate(validation.Config(scheme, world, "50Mbit/s", "mlp"), args)
+        assert probed[-1] == hosts
+        assert cluster.collective_latency == values["link_launch"] == launch
