@@ -42,13 +42,12 @@ SLOW = 3.0  # the straggler rows' slowed worker computes this many times as long
 STEPS = 40  # a multiple of every local-SGD period here, warm-up (a tenth) included: whole periods are timed
 LONG_RUN, MIN_STEPS = 30.0, 20  # a run predicted to take longer than LONG_RUN seconds runs fewer steps
 SHORT_RUN, MAX_STEPS = 2.0, 4000  # one predicted shorter than SHORT_RUN seconds runs more (at most MAX_STEPS)
-BATCH = 256
-"""Every configuration's batch per worker: every step milliseconds long. At 32 the one-worker step of
-the small model is under a millisecond, where what the compute calibration cannot time weighs most:
-the executor's own 0.2-0.4 ms per step, and a rank computing slower after it waited for the network
-than in a loop (measured: 0.73 ms in a loop, 1.87 ms after each 5 ms pause). One-worker rows then
-measured 24-46 % slower than predicted, and every small-model speedup carried that error; at 256 the
-same rows were within 10 % (docs/real.md, "What remains")."""
+BATCH = 32
+QUICK_BATCH = 256
+"""The quick preset's batch: every step milliseconds long. At 32 the one-worker step of the small model
+is under a millisecond, where the executor's own 0.2 ms per step, which the compute calibration leaves
+out, is a fifth of it, and one burst of a shared machine decides the row (-16 % to -23 %, and 37 %
+once, over CI runs); at 256 the calibration and the run agree (docs/real.md, "What remains")."""
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
            "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
@@ -435,14 +434,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated real.models names")
     ap.add_argument("--slow", type=number, default=SLOW, help="straggler rows' slowdown (1: no straggler rows)")
     ap.add_argument("--steps", type=integer, default=STEPS, help="steps per worker of a run (fewer for long runs)")
-    ap.add_argument("--batch-size", type=integer, default=BATCH,
-                    help=f"per worker (default {BATCH})")
+    ap.add_argument("--batch-size", type=integer, default=None,
+                    help=f"per worker (default {BATCH}; {QUICK_BATCH} with --quick)")
     ap.add_argument("--repeats", type=integer, default=5, help="repeats per message size in the link probe")
     ap.add_argument("--out", default="results/validation", help="output folder")
     ap.add_argument("--quick", action="store_true", help="a handful of configurations (a few minutes)")
     ap.add_argument("--prefix", default="sstb", help="testbed namespace prefix")
     ap.add_argument("--run-timeout", type=number, default=300.0, help="seconds before a run is stopped")
     args = ap.parse_args(argv)
+    if args.batch_size is None:
+        args.batch_size = QUICK_BATCH if args.quick else BATCH
     try:
         args.out = check_out_dir(args.out)
         check_count("--steps", args.steps, 2)

@@ -39,9 +39,9 @@ def test_quick_grid_has_an_asynchronous_row():
     assert any(c.scheme == "ps:mode=async" for c in validation.quick_grid())
 
 
-@pytest.mark.parametrize("argv,batch", [([], validation.BATCH), (["--quick"], validation.BATCH),
+@pytest.mark.parametrize("argv,batch", [([], validation.BATCH), (["--quick"], validation.QUICK_BATCH),
                                         (["--quick", "--batch-size", "8"], 8), (["--batch-size", "64"], 64)])
-def test_every_grid_takes_the_study_s_batch_unless_one_is_given(tmp_path, argv, batch):
+def test_the_quick_preset_takes_its_own_batch_unless_one_is_given(tmp_path, argv, batch):
     assert validation.parse_args([*argv, "--out", str(tmp_path / "v")]).batch_size == batch
 
 
