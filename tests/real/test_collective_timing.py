@@ -1,0 +1,52 @@
+"""The link probe times a collective from the last rank's arrival, as syncsim starts one (real.testbed.calibration)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch.multiprocessing as mp
+
+LATE = 0.08  # seconds rank 1 arrives after rank 0, in every round
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    import time
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from real.testbed import calibration
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    if rank == 1:  # rank 1 leaves each round's rest LATE seconds after rank 0
+        calibration.time = types.SimpleNamespace(perf_counter=time.perf_counter,
+                                                 sleep=lambda s: time.sleep(s + LATE))
+    buf = torch.zeros(1024)
+    timings = {kind: calibration._timed(lambda: dist.all_reduce(buf), 3, 0.0, from_last=kind == "from_last")
+               for kind in ("slowest", "from_last")}
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(timings, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_a_collective_is_timed_from_the_last_rank_s_arrival(tmp_path):
+    # The slowest rank's own elapsed time counts the wait for a late peer (>= LATE); timed from the last
+    # arrival, a 4 kB all-reduce on loopback takes milliseconds, as syncsim charges it once all have arrived.
+    out = tmp_path / "timings.json"
+    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
+    timings = json.loads(out.read_text())
+    assert all(t >= LATE for t in timings["slowest"])
+    assert all(0 < t < LATE / 2 for t in timings["from_last"])
