@@ -90,9 +90,13 @@ def launch(cfg: RunConfig, module: str = "real.worker") -> tuple[int, str | None
     return 0, None
 
 
-def finish(cfg: RunConfig, exits: dict[int, int | None], fallback: str, interrupted: str | None = None) -> str:
-    """After a failure: write each silent rank's fate for it, merge the partial outputs, name the first cause."""
-    all_fates = fates(cfg.out, cfg.ranks, cfg.world, cfg.timeout, exits, time.time())
+def finish(cfg: RunConfig, exits: dict[int, int | None], fallback: str, interrupted: str | None = None,
+           failed_at: float | None = None) -> str:
+    """After a failure: write each silent rank's fate for it, merge the partial outputs, name the first cause.
+    ``failed_at``: when the failure was first seen (time.time()), now if not given; a silent rank whose
+    heartbeat was older than its timeout then counts as hung (real.failure.fates)."""
+    seen = time.time() if failed_at is None else failed_at
+    all_fates = fates(cfg.out, cfg.ranks, cfg.world, cfg.timeout, exits, seen)
     for fate in all_fates:
         if not (rank_dir(cfg.out) / f"result-rank{fate.rank}.json").exists():
             write_atomic(rank_dir(cfg.out) / f"result-rank{fate.rank}.json", json.dumps(stand_in(fate), indent=1))

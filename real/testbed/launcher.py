@@ -30,6 +30,10 @@ __all__ = ["torchrun_on", "run"]
 # the testbed's three-digit final octets make string order equal host order, so host i runs rank i.
 # --node-rank is ignored by every backend but "static" (torch/distributed/run.py warns so), hence not passed.
 FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own errors after one node failed
+# When a node was first seen failed (time.time(), in the log folder): the instant a silent rank's heartbeat
+# is judged at (real.failure.fates), not the end of FAILURE_GRACE and the stop, by which time a rank killed
+# while computing would read as hung for those seconds.
+FAILED_AT_FILE = "failed-at.json"
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when the launcher stops nodes (torch's agent: the same)
 MAX_RUN_TIMEOUT = 7 * 86400.0  # --run-timeout at most a week
 RDZV_PORT = 29400  # torchrun's default c10d port; each namespace has its own port space
@@ -80,6 +84,8 @@ def torchrun_on(bed: Testbed, module: str, argv: list[str], log_dir: str | Path,
             # collective for the dead one waits until its watchdog gives up (real.heartbeat). So, as the
             # agent does on one node, stop every node soon after one fails.
             if any(p.returncode for p in procs):
+                if not (log_dir / FAILED_AT_FILE).exists():
+                    write_atomic(log_dir / FAILED_AT_FILE, json.dumps(time.time()))
                 deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
             time.sleep(0.1)
         stopped = _stop(procs)  # the nodes still running at the deadline read as 124, as with timeout(1)
@@ -129,8 +135,8 @@ def run(bed: Testbed, cfg, timeout: float = 600.0, agent: bool = True) -> tuple[
                          f"{cfg.world} workers + {cfg.servers} servers)")
     shutil.rmtree(rank_dir(cfg.out), ignore_errors=True)
     logs = Path(cfg.out) / "testbed"
-    for old in logs.glob("exits-node*.json"):
-        old.unlink()
+    for old in [*logs.glob("exits-node*.json"), logs / FAILED_AT_FILE]:
+        old.unlink(missing_ok=True)
     try:
         codes = torchrun_on(bed, "real.worker", cfg.to_argv(), logs, timeout, agent=agent)
     except BaseException as err:
@@ -141,6 +147,8 @@ def run(bed: Testbed, cfg, timeout: float = 600.0, agent: bool = True) -> tuple[
         finish(cfg, read_exits(logs.glob("exits-node*.json")), f"interrupted by {name}", interrupted=name)
         return 128 + signum, f"interrupted by {name}: stopped the nodes"
     if any(codes) or not (Path(cfg.out) / "summary.json").exists():
-        message = finish(cfg, read_exits(logs.glob("exits-node*.json")), f"torchrun nodes exited with {codes}")
+        seen = logs / FAILED_AT_FILE
+        message = finish(cfg, read_exits(logs.glob("exits-node*.json")), f"torchrun nodes exited with {codes}",
+                         failed_at=json.loads(seen.read_text()) if seen.exists() else None)
         return 1, message + f" (node exit codes {codes}; logs in {logs}/)"
     return 0, None
