@@ -78,14 +78,14 @@ def torchrun_on(bed: Testbed, module: str, argv: list[str], log_dir: str | Path,
                                 GROUP_RANK=str(i), MASTER_ADDR=bed.ips[0], MASTER_PORT=str(RDZV_PORT))
             with open(log_dir / f"node{i}.log", "w") as log:
                 procs.append(bed.popen(i, cmd, stdout=log, stderr=subprocess.STDOUT, env=node_env))
-        deadline = time.monotonic() + timeout
+        deadline, failure_seen = time.monotonic() + timeout, False
         while None in [p.poll() for p in procs] and time.monotonic() < deadline:  # polls every node
             # torch's agents stop a failed node's own ranks only: a rank on another node that waits in a
             # collective for the dead one waits until its watchdog gives up (real.heartbeat). So, as the
-            # agent does on one node, stop every node soon after one fails.
-            if any(p.returncode for p in procs):
-                if not (log_dir / FAILED_AT_FILE).exists():
-                    write_atomic(log_dir / FAILED_AT_FILE, json.dumps(time.time()))
+            # agent does on one node, stop every node soon after the first one fails.
+            if not failure_seen and any(p.returncode for p in procs):
+                failure_seen = True
+                write_atomic(log_dir / FAILED_AT_FILE, json.dumps(time.time()))
                 deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
             time.sleep(0.1)
         stopped = _stop(procs)  # the nodes still running at the deadline read as 124, as with timeout(1)
