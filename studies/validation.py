@@ -42,6 +42,9 @@ SLOW = 3.0  # the straggler rows' slowed worker computes this many times as long
 STEPS = 40  # a multiple of every local-SGD period here, warm-up (a tenth) included: whole periods are timed
 LONG_RUN, MIN_STEPS = 30.0, 20  # a run predicted to take longer than LONG_RUN seconds runs fewer steps
 SHORT_RUN, MAX_STEPS = 2.0, 4000  # one predicted shorter than SHORT_RUN seconds runs more (at most MAX_STEPS)
+# A measured run's step time is also timed over this many consecutive windows of its steps; their
+# coefficient of variation (measured_spread) is how much this machine's speed wandered during the run.
+SPREAD_WINDOWS = 4
 BATCH = 32
 QUICK_BATCH = 256
 """The quick preset's batch: every step milliseconds long. At 32 the one-worker step of the small model
@@ -50,7 +53,7 @@ out, is a fifth of it, and one burst of a shared machine decides the row (-16 % 
 once, over CI runs); at 256 the calibration and the run agree (docs/real.md, "What remains")."""
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
-           "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
+           "measured_spread", "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
            "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max", "measured_staleness_max",
            "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha", "link_launch",
            "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread", "wall_time", "error")
@@ -234,11 +237,12 @@ def run_steps(asked: int, predicted_run: float) -> int:
 
 
 def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int):
-    """Run ``config`` for real on a testbed of world + servers hosts; its steady state (syncsim.metrics)."""
+    """Run ``config`` for real on a testbed of world + servers hosts; its steady state (syncsim.metrics) and
+    how much its step time wandered while it ran (syncsim.metrics.step_time_spread)."""
     from real.config import RunConfig
     from real.interrupt import Interrupted
     from real.testbed import Testbed, run
-    from syncsim.metrics import steady_state
+    from syncsim.metrics import steady_state, step_time_spread
 
     slow = ((config.world - 1, config.slow),) if config.slow > 1 else ()
     cfg = RunConfig(scheme=config.scheme, world=config.world, servers=config.servers, model=config.model,
@@ -250,8 +254,10 @@ def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int):
         raise Interrupted(code - 128)
     if code:
         raise RuntimeError(message)
-    return steady_state(pd.read_csv(folder / "trace.csv"), pd.read_csv(folder / "updates.csv"), args.batch_size,
-                        steps=steps, workers=config.world)
+    trace = pd.read_csv(folder / "trace.csv")
+    return (steady_state(trace, pd.read_csv(folder / "updates.csv"), args.batch_size, steps=steps,
+                         workers=config.world),
+            step_time_spread(trace, SPREAD_WINDOWS, steps=steps, workers=config.world))
 
 
 def evaluate(config: Config, args: argparse.Namespace) -> dict:
@@ -273,7 +279,8 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
         folder.mkdir(parents=True, exist_ok=True)
         result.trace.to_csv(folder / "sim-trace.csv", index=False)  # beside the real trace.csv, to compare
         result.updates.to_csv(folder / "sim-updates.csv", index=False)
-        predicted, measured = result.steady, measure(config, args, folder, steps)
+        predicted = result.steady
+        measured, row["measured_spread"] = measure(config, args, folder, steps)
         row.update(predicted_step_time=predicted.step_time, measured_step_time=measured.step_time,
                    predicted_throughput=predicted.throughput, measured_throughput=measured.throughput,
                    predicted_staleness_mean=predicted.staleness_mean,
@@ -328,6 +335,11 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         distance = ok.loc[ok["staleness_mean_error"].notna(), "staleness_distance"].median()
         lines.append(f"staleness mean: median |error| {med:.1%}, max {top:.1%} over {n} asynchronous or SSP "
                      f"configurations; median KS distance between the distributions {distance:.2f}")
+    spread = ok["measured_spread"].dropna() if "measured_spread" in ok else pd.Series(dtype=float)
+    if len(spread):
+        lines.append(f"measured step time wandered within its own run by a median {spread.median():.1%}, max "
+                     f"{spread.max():.1%} (coefficient of variation over {SPREAD_WINDOWS} windows): the floor "
+                     "below which a row's error is this machine's drift, not the model's")
     worst = ok.reindex(ok["rel_error"].abs().sort_values(ascending=False).index).head(3)
     for _, r in worst.iterrows():
         lines.append(f"  worst: {r['scheme']} on {r['world']} workers, {r['bandwidth']}, {r['model']}"

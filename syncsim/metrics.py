@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["SteadyState", "steady_state", "step_ends", "warmup_steps", "staleness_distance"]
+__all__ = ["SteadyState", "steady_state", "step_ends", "warmup_steps", "staleness_distance", "step_time_spread"]
 
 
 def warmup_steps(steps: int) -> int:
@@ -106,6 +106,29 @@ def steady_state(trace: pd.DataFrame, updates: pd.DataFrame, batch_size: int, st
     stale = updates.loc[updates["step"].to_numpy() >= warm, "staleness"].to_numpy(dtype=np.int64)
     return SteadyState(steps=steps, warmup=warm, batch_size=int(batch_size), worker_step_times=times,
                        staleness=stale)
+
+
+def step_time_spread(trace: pd.DataFrame, windows: int = 4, steps: int | None = None,
+                     workers: int | None = None) -> float:
+    """How much a run's step time wandered while it ran: the coefficient of variation of the step times
+    of ``windows`` consecutive, equal windows of its steps after the warm-up.
+
+    Each window's step time is taken as the run's is (each worker's mean gap between step ends in the
+    window, harmonic mean over workers). A simulation without jitter gives 0; a measured run gives the
+    drift of the machine it ran on, the floor below which no prediction of it can be judged. NaN when
+    a worker has a hole in its trace or a window would hold no step.
+    """
+    if windows < 2:
+        raise ValueError(f"step_time_spread: windows must be at least 2, got {windows}")
+    ends = step_ends(trace, workers, steps)
+    warm = warmup_steps(ends.shape[0])
+    # window i holds the steps after bounds[i] up to bounds[i+1]; the first starts at the warm-up's last step
+    bounds = np.linspace(warm - 1, ends.shape[0] - 1, windows + 1).round().astype(int)
+    if warm < 1 or np.any(np.diff(bounds) < 1) or not np.isfinite(ends[bounds[0]:]).all():
+        return float("nan")
+    per_worker = (ends[bounds[1:]] - ends[bounds[:-1]]) / np.diff(bounds)[:, None]  # (windows, workers)
+    times = per_worker.shape[1] / np.sum(1.0 / per_worker, axis=1)
+    return float(times.std() / times.mean())
 
 
 def staleness_distance(a: np.ndarray, b: np.ndarray) -> float:

@@ -11,7 +11,7 @@ import pytest
 from real.trace import _csv_text, merge, rank_dir
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.files import write_atomic
-from syncsim.metrics import staleness_distance, steady_state, step_ends, warmup_steps
+from syncsim.metrics import staleness_distance, steady_state, step_ends, step_time_spread, warmup_steps
 from syncsim.recorder import TRACE_COLUMNS, UPDATE_COLUMNS
 
 
@@ -35,6 +35,28 @@ def test_definition_on_a_hand_made_trace():
     assert figures.speedup(8.0) == pytest.approx(1.5)
     # the update of step 0 is in the warm-up
     assert figures.staleness_mean == pytest.approx(2.5) and figures.staleness_max == 4
+
+
+def test_step_time_spread_is_the_variation_of_consecutive_windows_after_the_warm_up():
+    # 11 steps (warm-up: step 0). Steps 1-5 take 1 s, steps 6-10 take 3 s: with two windows of five
+    # steps the windows' step times are 1 and 3, mean 2, population standard deviation 1.
+    ends, rows = 0.0, []
+    for step in range(11):
+        took = 7.0 if step == 0 else 1.0 if step <= 5 else 3.0  # the warm-up step's time is left out
+        rows.append((0, step, "compute", ends, ends + took, 0))
+        ends += took
+    trace = table(TRACE_COLUMNS, rows)
+    assert step_time_spread(trace, windows=2) == pytest.approx(0.5)
+    # the same for two workers in step: the harmonic mean of equal times is that time
+    both = table(TRACE_COLUMNS, rows + [(1, *r[1:]) for r in rows])
+    assert step_time_spread(both, windows=2) == pytest.approx(0.5)
+    # a steady run does not wander; a hole in a worker's trace or too few steps give no figure
+    steady = table(TRACE_COLUMNS, [(0, s, "compute", s, s + 1.0, 0) for s in range(11)])
+    assert step_time_spread(steady) == pytest.approx(0.0, abs=1e-12)
+    assert np.isnan(step_time_spread(steady, windows=4, steps=12))
+    assert np.isnan(step_time_spread(table(TRACE_COLUMNS, rows[:3]), windows=4))
+    with pytest.raises(ValueError, match="windows must be at least 2, got 1"):
+        step_time_spread(steady, windows=1)
 
 
 def test_warmup_and_partial_runs():
