@@ -11,7 +11,9 @@ For each configuration (scheme, workers, link rate, model, one slowed worker or 
 2. predict: ``simulate`` on that Cluster and Workload, the slowed worker as its speed factor, every
    all-reduce a ring as gloo runs it (as_run_on_gloo);
 3. measure: the executor runs the scheme for real on a testbed of world + servers hosts;
-4. compare, by one definition of every figure (syncsim.metrics) on both sides.
+4. compare, by one definition of every figure (syncsim.metrics) on both sides, and record how much the
+   measured run's own step time wandered (measured_spread, syncsim.metrics.step_time_spread): the
+   floor under the row's error on a machine whose speed drifts.
 
 Writes ``OUT/validation.csv`` (one row per configuration; a failed one is a row with its reason),
 ``OUT/parity.png`` (drawn from the CSV alone), each run's real and simulated traces under
