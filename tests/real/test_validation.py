@@ -22,6 +22,13 @@ LOOSE_MEDIAN, LOOSE_MAX = 0.15, 0.35
 # -36 % (CI); at the quick preset's batch 256: -5 %, -6 %. Held to its own one-sided bound, so that
 # the miss, where it shows, is neither hidden nor allowed to grow without a failure.
 KNOWN_STRAGGLER_MIN = -0.5
+# The one-worker row sends nothing: it compares a compute calibration with a compute-only run taken a
+# few seconds apart, and this machine's compute speed wanders between them. Five repeats of the quick
+# preset (python -m studies.repeatability, docs/real.md "Repeatability") measured its step time with a
+# coefficient of variation of 13 % and its calibration with 12 %, and its error from -43 % to +11 %
+# (median -14 %). Its own bound sits outside that measured range, so it fails on a broken calibration or
+# run (a dropped phase, a unit slip: a factor of two), not on the drift.
+BASELINE_MAX = 0.6
 
 
 @pytest.mark.testbed
@@ -35,8 +42,11 @@ def test_quick_validation_predicts_every_row_within_a_loose_bound(tmp_path):
     errors = data["rel_error"].abs()
     shown = data[list(validation.KEY) + ["rel_error"]]
     straggler_ps = (data["slow"] > 1) & data["scheme"].str.startswith("ps")
-    # the known miss is held to its own bound below, not counted in what the other rows must meet
-    assert errors[~straggler_ps].median() <= LOOSE_MEDIAN and errors[~straggler_ps].max() <= LOOSE_MAX, shown
+    baseline = (data["world"] == 1) & (data["servers"] == 0)
+    assert baseline.sum() == 1 and errors[baseline].max() <= BASELINE_MAX, shown
+    # the known miss and the baseline are held to their own bounds, not counted in what the others must meet
+    others = ~straggler_ps & ~baseline
+    assert errors[others].median() <= LOOSE_MEDIAN and errors[others].max() <= LOOSE_MAX, shown
     known = data.loc[straggler_ps, "rel_error"]
     assert len(known) and known.between(KNOWN_STRAGGLER_MIN, LOOSE_MAX).all(), shown
     asynchronous = data[data["scheme"] == "ps:mode=async"].iloc[0]

@@ -241,6 +241,7 @@ SAMPLES = [
     ("real.bench", ["--lr", "nan"], "--lr"),
     ("real.testbed", ["--run-timeout", "-1", "--", "--world", "2"], "--run-timeout"),
     ("studies.validation", ["--steps", "0"], "steps"),
+    ("studies.repeatability", ["--times", "1"], "--times"),
     ("real.testbed.calibration", ["--compute", "c.json", "--repeats", "0"], "--repeats"),
     ("real.faults", ["--timeout", "0"], "--timeout"),
     ("syncsim.bench", ["--bogus"], "--bogus"),
