@@ -32,6 +32,8 @@ REQUIRED = {
     "published/parity.png": "python -m studies.published",
     "validation/validation.csv": "python -m studies.validation",
     "validation/parity.png": "python -m studies.validation",
+    "repeatability/repeatability.csv": "python -m studies.repeatability",
+    "repeatability/repeatability.png": "python -m studies.repeatability",
     "scaling/scaling.csv": "python -m studies.scaling",
     "scaling/efficiency.png": "python -m studies.scaling",
     "staleness/summary.csv": "python -m studies.staleness",
@@ -104,6 +106,20 @@ def validation(results: Path) -> dict:
                                   for rate in rates]
                       for scheme, group in ok.groupby("scheme", sort=True)],
         "rates": rates,
+    }
+
+
+def repeatability(results: Path) -> dict:
+    data = pd.read_csv(results / "repeatability/repeatability.csv")
+    alone = (data["world"] == 1) & (data["servers"] == 0)  # the one-worker row: no communication
+    talk = data[~alone]
+    base = data[alone].iloc[0]
+    return {
+        "configs": str(len(data)), "repeats": str(int(data["repeats"].max())),
+        "alone_cv": pct(base["measured_cv"], 0), "alone_cal_cv": pct(base["predicted_cv"], 0),
+        "alone_min": pct(base["error_min"], 0), "alone_max": pct(base["error_max"], 0),
+        "talk_cv_min": pct(talk["measured_cv"].min()), "talk_cv_max": pct(talk["measured_cv"].max()),
+        "talk_error_medians": ", ".join(pct(x, 0) for x in sorted(talk["error_median"], reverse=True)),
     }
 
 
@@ -196,9 +212,10 @@ def precision(results: Path) -> dict:
             "amp_fast": f"×{ratio[(fast_rate, 'autocast/fp32')]:.2f}"}
 
 
-STUDIES = {"published": published, "validation": validation, "scaling": scaling, "staleness": staleness,
-           "precision": precision}
+STUDIES = {"published": published, "validation": validation, "repeatability": repeatability, "scaling": scaling,
+           "staleness": staleness, "precision": precision}
 FIGURES = {"published-parity.png": "published/parity.png", "validation-parity.png": "validation/parity.png",
+           "repeatability.png": "repeatability/repeatability.png",
            "scaling-efficiency.png": "scaling/efficiency.png", "staleness.png": "staleness/staleness.png",
            "precision.png": "precision/precision.png"}
 
