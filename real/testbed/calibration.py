@@ -102,9 +102,7 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
         probe = json.loads(probe_file.read_text())
         return {"bandwidth": bandwidth, "hosts": hosts, "burst": bed.config.burst, "probe": probe}
 
-    # "-busy": probed with ranks that keep their cores busy between transfers (_rest); a sweep cached
-    # by an earlier probe whose ranks slept is not reused
-    name = f"{slug(bandwidth)}-h{hosts}-busy"
+    name = f"{slug(bandwidth)}-h{hosts}"
     # The raw sweep is cached; the fit is made from it each time.
     measured = _cached(folder / f"link-{name}.json", measure)
     return measured | {"fits": fit_links(measured["probe"], measured["burst"], message_bytes)}
@@ -287,24 +285,9 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, w
 
 
 # -- what the ranks run -------------------------------------------------------------
-def _rest(seconds: float) -> None:
-    """Let the links rest ``seconds`` while this rank keeps its core busy.
-
-    In a run a transfer follows the worker's compute, on a CPU that is working; a rank that sleeps
-    before each timed transfer instead meets it on a CPU that has gone idle, and on this machine that
-    costs milliseconds: a 64 KiB all-reduce between two hosts at 1 Gbit/s took 4.3 ms after a rest
-    spent sleeping and 0.93 ms after one spent spinning (512 KiB: 5.9 and 3.9 ms; 4 MiB, link-bound:
-    35.5 and 36.3 ms), and a step of the small model computed right after a 5 ms sleep took 0.90 ms
-    against 0.23 ms back to back. The tbf buckets refill all the same: the links carry nothing."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def _timed(action, repeats: int, idle: float, from_last: bool = False) -> list[float]:
     """Times of ``action()`` in ``repeats`` rounds after one warm-up; every rank starts each round
-    together, after the links rested ``idle`` seconds (a tbf bucket refills while its link rests; the
-    ranks spin meanwhile, see _rest).
+    together, after the links rested ``idle`` seconds (a tbf bucket refills while its link rests).
 
     A round's time is its slowest rank's, or with ``from_last`` (collectives) the time from the last
     rank's start to the last rank's end, as syncsim starts a collective once every rank has arrived:
@@ -317,7 +300,7 @@ def _timed(action, repeats: int, idle: float, from_last: bool = False) -> list[f
     times = []
     for i in range(repeats + 1):
         dist.barrier()
-        _rest(idle)
+        time.sleep(idle)
         t0 = time.perf_counter()
         action()
         t1 = time.perf_counter()
