@@ -295,6 +295,24 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
     return row
 
 
+def backfill_spread(rows: list[dict], configs: dict, out: Path) -> list[dict]:
+    """Finished rows measured before ``measured_spread`` existed get it from their run's kept trace
+    (``OUT/runs/<configuration>/trace.csv``), so a resumed study reports every row's drift without
+    running anything again; a row whose trace is gone keeps NaN."""
+    from syncsim.metrics import step_time_spread
+
+    for row in rows:
+        config = configs.get(tuple(row[k] for k in KEY))
+        spread = row.get("measured_spread", math.nan)
+        if config is None or not (spread is None or (isinstance(spread, float) and math.isnan(spread))):
+            continue
+        trace = out / "runs" / config.name / "trace.csv"
+        if trace.exists():
+            row["measured_spread"] = step_time_spread(pd.read_csv(trace), SPREAD_WINDOWS,
+                                                      steps=int(row["run_steps"]), workers=config.world)
+    return rows
+
+
 # -- the table, its summary and its figure -------------------------------------------
 def derive(frame: pd.DataFrame) -> pd.DataFrame:
     """Relative errors, and speedups over each model's one-worker all-reduce (measured and predicted alike)."""
@@ -493,15 +511,21 @@ def main(argv: list[str] | None = None) -> int:
     if csv.exists():  # resume: finished rows stay, failed ones are tried again
         old = pd.read_csv(csv, keep_default_na=False, na_values=[""])
         old = old[~failed(old) & (old["steps"] == args.steps) & (old["batch_size"] == args.batch_size)]
-        rows = old.to_dict("records")
+        rows = backfill_spread(old.to_dict("records"), {c.key: c for c in configs}, args.out)
     done = {tuple(r[k] for k in KEY) for r in rows}
     todo = [c for c in configs if c.key not in done]
     started = time.perf_counter()
+
+    def save() -> None:
+        write_csv(derive(pd.DataFrame(rows)).reindex(columns=[*COLUMNS, "predicted_throughput",
+                                                              "measured_throughput"]), csv)
+
+    if rows and not todo:
+        save()  # nothing to run: the resumed rows, with any drift filled in from their traces
     try:
         for config in tqdm(todo, desc="validation", unit="run", dynamic_ncols=True):
             rows.append(evaluate(config, args))
-            write_csv(derive(pd.DataFrame(rows)).reindex(columns=[*COLUMNS, "predicted_throughput",
-                                                                  "measured_throughput"]), csv)
+            save()
     except Interrupted as err:
         print(f"studies.validation: interrupted by {err.name}; finished rows are in {csv}, a rerun resumes",
               file=sys.stderr)

@@ -289,3 +289,28 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
         cluster, _, values = validation.calibrate(validation.Config(scheme, world, "50Mbit/s", "mlp"), args)
         assert probed[-1] == hosts
         assert cluster.collective_latency == values["link_launch"] == launch
+
+
+def test_a_resumed_study_fills_in_the_drift_of_rows_measured_before_it_was_recorded(tmp_path, monkeypatch):
+    configs = validation.quick_grid()
+    calls = _fake_study(monkeypatch, fail=set())
+    argv = ["--quick", "--out", str(tmp_path), "--steps", "20"]
+    assert validation.main(argv) == 0
+    csv = tmp_path / "validation.csv"
+    # an older study's table: no measured_spread column; one run's trace kept, the others' gone
+    pd.read_csv(csv).drop(columns="measured_spread").to_csv(csv, index=False)
+    kept = configs[1]
+    cluster = Cluster.homogeneous(kept.world, Link("20MB/s", "100us"), servers=kept.servers, jitter=0.1)
+    workload = Workload(param_bytes="400kB", compute_time="2ms", batch_size=validation.QUICK_BATCH)
+    steps = int(pd.read_csv(csv).set_index(list(validation.KEY)).loc[kept.key, "run_steps"])
+    trace = simulate(cluster, workload, kept.scheme, steps=steps, seed=3).trace
+    (tmp_path / "runs" / kept.name).mkdir(parents=True, exist_ok=True)
+    trace.to_csv(tmp_path / "runs" / kept.name / "trace.csv", index=False)
+    calls.clear()
+    assert validation.main(argv) == 0
+    assert calls == []  # nothing measured again
+    data = pd.read_csv(csv, keep_default_na=False, na_values=[""]).set_index(list(validation.KEY))
+    assert data.loc[kept.key, "measured_spread"] == pytest.approx(
+        step_time_spread(trace, validation.SPREAD_WINDOWS, steps, kept.world))
+    others = [c.key for c in configs if c.key != kept.key]
+    assert data.loc[others, "measured_spread"].isna().all()
