@@ -102,6 +102,10 @@ def validation(results: Path) -> dict:
                    "straggler": f", one worker {r.slow:g}× slower" if r.slow > 1 else "",
                    "error": pct(r.rel_error)} for r in worst.itertuples(index=False)],
         "within10": str(int((err <= 0.10).sum())), "within15": str(int((err <= 0.15).sum())),
+        # each run's drift within itself (a study run before the column existed has none: n/a)
+        "spread_median": pct(ok["measured_spread"].median()) if "measured_spread" in ok else "n/a",
+        "spread_max": pct(ok["measured_spread"].max()) if "measured_spread" in ok else "n/a",
+        "within_drift": str(int((err <= 2 * ok["measured_spread"]).sum())) if "measured_spread" in ok else "n/a",
         "by_scheme": [[scheme] + [pct(group.loc[group["bandwidth"] == rate, "rel_error"].abs().median())
                                   for rate in rates]
                       for scheme, group in ok.groupby("scheme", sort=True)],
