@@ -303,8 +303,7 @@ def backfill_spread(rows: list[dict], configs: dict, out: Path) -> list[dict]:
 
     for row in rows:
         config = configs.get(tuple(row[k] for k in KEY))
-        spread = row.get("measured_spread", math.nan)
-        if config is None or not (spread is None or (isinstance(spread, float) and math.isnan(spread))):
+        if config is None or not pd.isna(row.get("measured_spread")):
             continue
         trace = out / "runs" / config.name / "trace.csv"
         if trace.exists():

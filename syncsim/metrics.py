@@ -15,7 +15,9 @@ run are compared on exactly the same footing:
   the run's **step time** is the harmonic mean of the workers' (W · batch / throughput), the time
   per step at which W equal workers would give the same throughput;
 - **speedup** is throughput over that of one worker training alone;
-- **staleness** statistics are over the updates of steps after the warm-up.
+- **staleness** statistics are over the updates of steps after the warm-up;
+- a run's **spread** is how much its step time wandered while it ran: the coefficient of variation of
+  the step times of consecutive equal windows of its steps after the warm-up (step_time_spread).
 """
 
 from __future__ import annotations
