@@ -91,6 +91,7 @@ def validation(results: Path) -> dict:
     speed = ok["speedup_error"].abs().dropna()
     stale = ok["staleness_mean_error"].abs().dropna() if "staleness_mean_error" in ok else pd.Series(dtype=float)
     worst = ok.assign(abs_error=err).nlargest(3, "abs_error")
+    spread = ok["measured_spread"] if "measured_spread" in ok else pd.Series(math.nan, index=ok.index)
     # link rates in increasing order, as the study's bandwidth strings sort by their parsed value
     rates = list(ok.groupby("bandwidth")["link_bandwidth"].median().sort_values().index)
     return {
@@ -103,9 +104,8 @@ def validation(results: Path) -> dict:
                    "error": pct(r.rel_error)} for r in worst.itertuples(index=False)],
         "within10": str(int((err <= 0.10).sum())), "within15": str(int((err <= 0.15).sum())),
         # each run's drift within itself (a study run before the column existed has none: n/a)
-        "spread_median": pct(ok["measured_spread"].median()) if "measured_spread" in ok else "n/a",
-        "spread_max": pct(ok["measured_spread"].max()) if "measured_spread" in ok else "n/a",
-        "within_drift": str(int((err <= 2 * ok["measured_spread"]).sum())) if "measured_spread" in ok else "n/a",
+        "spread_median": pct(spread.median()), "spread_max": pct(spread.max()),
+        "within_drift": str(int((err <= 2 * spread).sum())) if spread.notna().any() else "n/a",
         "by_scheme": [[scheme] + [pct(group.loc[group["bandwidth"] == rate, "rel_error"].abs().median())
                                   for rate in rates]
                       for scheme, group in ok.groupby("scheme", sort=True)],

@@ -244,7 +244,7 @@ def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int):
     from real.config import RunConfig
     from real.interrupt import Interrupted
     from real.testbed import Testbed, run
-    from syncsim.metrics import steady_state, step_time_spread
+    from syncsim.metrics import steady_state
 
     slow = ((config.world - 1, config.slow),) if config.slow > 1 else ()
     cfg = RunConfig(scheme=config.scheme, world=config.world, servers=config.servers, model=config.model,
@@ -259,7 +259,14 @@ def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int):
     trace = pd.read_csv(folder / "trace.csv")
     return (steady_state(trace, pd.read_csv(folder / "updates.csv"), args.batch_size, steps=steps,
                          workers=config.world),
-            step_time_spread(trace, SPREAD_WINDOWS, steps=steps, workers=config.world))
+            run_spread(trace, steps, config.world))
+
+
+def run_spread(trace: pd.DataFrame, steps: int, world: int) -> float:
+    """A measured run's measured_spread: how much its step time wandered over SPREAD_WINDOWS windows."""
+    from syncsim.metrics import step_time_spread
+
+    return step_time_spread(trace, SPREAD_WINDOWS, steps=steps, workers=world)
 
 
 def evaluate(config: Config, args: argparse.Namespace) -> dict:
@@ -299,16 +306,13 @@ def backfill_spread(rows: list[dict], configs: dict, out: Path) -> list[dict]:
     """Finished rows measured before ``measured_spread`` existed get it from their run's kept trace
     (``OUT/runs/<configuration>/trace.csv``), so a resumed study reports every row's drift without
     running anything again; a row whose trace is gone keeps NaN."""
-    from syncsim.metrics import step_time_spread
-
     for row in rows:
         config = configs.get(tuple(row[k] for k in KEY))
         if config is None or not pd.isna(row.get("measured_spread")):
             continue
         trace = out / "runs" / config.name / "trace.csv"
         if trace.exists():
-            row["measured_spread"] = step_time_spread(pd.read_csv(trace), SPREAD_WINDOWS,
-                                                      steps=int(row["run_steps"]), workers=config.world)
+            row["measured_spread"] = run_spread(pd.read_csv(trace), int(row["run_steps"]), config.world)
     return rows
 
 

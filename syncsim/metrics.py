@@ -30,6 +30,11 @@ import pandas as pd
 __all__ = ["SteadyState", "steady_state", "step_ends", "warmup_steps", "staleness_distance", "step_time_spread"]
 
 
+def _harmonic_step_time(worker_step_times: np.ndarray) -> np.ndarray:
+    """The run's step time from its workers' (last axis): their harmonic mean, W · batch / throughput."""
+    return worker_step_times.shape[-1] / np.sum(1.0 / worker_step_times, axis=-1)
+
+
 def warmup_steps(steps: int) -> int:
     """Steps left out of the steady state: the first tenth, at least one when a run has two or more."""
     return max(1, steps // 10) if steps >= 2 else 0
@@ -72,7 +77,7 @@ class SteadyState:
     def step_time(self) -> float:
         """Harmonic mean of the workers' step times, so that throughput = W · batch / step_time."""
         times = self.worker_step_times[np.isfinite(self.worker_step_times)]
-        return float(len(times) / np.sum(1.0 / times)) if len(times) else float("nan")
+        return float(_harmonic_step_time(times)) if len(times) else float("nan")
 
     def speedup(self, baseline_throughput: float) -> float:
         """Throughput over ``baseline_throughput`` (one worker training alone)."""
@@ -129,7 +134,7 @@ def step_time_spread(trace: pd.DataFrame, windows: int = 4, steps: int | None = 
     if warm < 1 or np.any(np.diff(bounds) < 1) or not np.isfinite(ends[bounds[0]:]).all():
         return float("nan")
     per_worker = (ends[bounds[1:]] - ends[bounds[:-1]]) / np.diff(bounds)[:, None]  # (windows, workers)
-    times = per_worker.shape[1] / np.sum(1.0 / per_worker, axis=1)
+    times = _harmonic_step_time(per_worker)
     return float(times.std() / times.mean())
 
 
