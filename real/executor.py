@@ -67,7 +67,10 @@ def checksum(model: torch.nn.Module) -> str:
 
 class Executor:
     def __init__(self, cfg, rank: int, model: torch.nn.Module, data, device: torch.device,
-                 workers_group, recorder: Recorder, heartbeat=None):
+                 workers_group, recorder: Recorder, heartbeat=None, client=None):
+        """``client``: the parameter-server client of a plan that pushes and pulls (real.server.Client over
+        the run's process group unless one is given: the compute calibration gives one whose network
+        costs nothing, real.testbed.calibration)."""
         self.cfg, self.rank, self.worker = cfg, rank, rank
         self.spec = cfg.spec
         self.model, self.data, self.device = model, data, device
@@ -116,7 +119,7 @@ class Executor:
         self.client = None
         if kinds & {Push, Pull, WaitForClock}:
             numel = sum(p.numel() for p in model.parameters())
-            self.client = Client(cfg.world, cfg.servers, numel, self.wire_dtype)
+            self.client = client if client is not None else Client(cfg.world, cfg.servers, numel, self.wire_dtype)
         self.handlers = {
             Compute: self.compute, AllReduceGradients: self.allreduce, LocalUpdate: self.local_update,
             AverageParameters: self.average, Push: self.push, WaitForClock: self.wait, Pull: self.pull,
@@ -142,21 +145,24 @@ class Executor:
 
     # -- the loop -----------------------------------------------------------------
     def run(self) -> None:
-        steps = self.cfg.steps
-        for step in range(steps):
-            self.step = step
-            self.heartbeat.beat(step)
-            self._maybe_fail(step)
-            plan = self.policy.plan(step, steps)
-            self.reduce = next((a for a in plan if isinstance(a, AllReduceGradients)), None)
-            for action in plan:
-                self.handlers[type(action)](action)
-            if self.cfg.record_checksums:
-                self.checksums.append(checksum(self.model))
-            self.completed += 1
+        for step in range(self.cfg.steps):
+            self.run_step(step)
         if self.client is not None:
             with self.heartbeat.waiting_for_peers():
                 self.client.stop()
+
+    def run_step(self, step: int) -> None:
+        """One step of the plan: what a run repeats, and what the compute calibration times."""
+        self.step = step
+        self.heartbeat.beat(step)
+        self._maybe_fail(step)
+        plan = self.policy.plan(step, self.cfg.steps)
+        self.reduce = next((a for a in plan if isinstance(a, AllReduceGradients)), None)
+        for action in plan:
+            self.handlers[type(action)](action)
+        if self.cfg.record_checksums:
+            self.checksums.append(checksum(self.model))
+        self.completed += 1
 
     def _maybe_fail(self, step: int) -> None:
         if self.failure and step >= self.failure[0]:
@@ -179,11 +185,14 @@ class Executor:
             self.optimizer.zero_grad(set_to_none=True)
             with self.autocast():
                 loss = F.cross_entropy(self.net(x), y)
+            forward_end = self.recorder.now()
+            self.forward_time = forward_end - start  # the calibration reads it too
             if self.slow > 1.0:
-                time.sleep((self.slow - 1.0) * COMPUTE_PER_FORWARD * (self.recorder.now() - start))
+                time.sleep((self.slow - 1.0) * COMPUTE_PER_FORWARD * self.forward_time)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         self.heartbeat.beat()  # back to own work (DDP's hook marked the wait for the all-reduce)
         self.backward_end = self.recorder.now()
+        self.backward_time = self.backward_end - forward_end  # a slow rank's extra wait included
         self.losses.append(loss.detach())
         # With DDP the backward also waited for the all-reduce; compute ends
         # when the last gradient bucket became ready.

@@ -50,9 +50,8 @@ SPREAD_WINDOWS = 4
 BATCH = 32
 QUICK_BATCH = 256
 """The quick preset's batch: every step milliseconds long. At 32 the one-worker step of the small model
-is under a millisecond, where the executor's own 0.2 ms per step, which the compute calibration leaves
-out, is a fifth of it, and one burst of a shared machine decides the row (-16 % to -23 %, and 37 %
-once, over CI runs); at 256 the calibration and the run agree (docs/real.md, "What remains")."""
+is under a millisecond, where one burst of a shared machine decides the row (-16 % to -23 %, and 37 %
+once, over CI runs, when the compute calibration still left out the executor's own bookkeeping)."""
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
            "measured_spread", "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
@@ -101,14 +100,6 @@ class Config:
     @property
     def ranks(self) -> int:
         return self.world + self.servers
-
-    @property
-    def work(self) -> str:
-        """What a worker computes per step (real.testbed.calibration.WORKS), read off the plan's sync action."""
-        from syncsim.schemes import AllReduceGradients, Push, parse
-
-        actions = parse(self.scheme).policy(1.0).action_types(2)
-        return "allreduce" if AllReduceGradients in actions else "push-pull" if Push in actions else "local"
 
     @property
     def key(self) -> tuple:
@@ -161,8 +152,8 @@ def calibrate(config: Config, args: argparse.Namespace):
 
     folder = args.out / "calibration"
     spec = parse(config.scheme)
-    # the scheme's compute format: under autocast (amp=true) the forward and backward are timed under it too
-    compute = measure_compute(config.model, args.batch_size, config.world, folder, work=config.work, amp=spec.amp)
+    # the executor's own step of this scheme without its communication (under autocast where amp=true)
+    compute = measure_compute(config.model, args.batch_size, config.world, folder, scheme=config.scheme)
     # the links' rates around the size of what the run sends at once: the gradient at the wire precision
     message = sum(compute["layers"]) * spec.wire_ratio
     # all-reduces are probed over the run's own workers (their chunks and their contention for the cores);

@@ -10,14 +10,16 @@ Every number the simulator is given is measured here, on this machine, and has a
   all-reduce (what collectives see, reduction arithmetic included), the ping-pong fit that of workers
   that push and pull and of the parameter servers (point-to-point traffic); all carry the testbed's
   bucket as their burst.
-- **compute**: ``processes`` local ranks each time a worker's computation per step at once (WORKS:
-  what it is depends on the sync action of the plan: DDP's hooks, the optimizer step, or flattening a
-  gradient to push), as the configuration's workers do when they share this machine's cores. The
-  mean over ranks and steps is the workload's compute time, its coefficient of variation the
-  cluster's jitter, and the backward's share of the step the workload's
-  backward_fraction (when DDP's buckets become ready). The forward time is also kept: a rank slowed
-  by ``--slow RANK:F`` waits (F-1) x 3 x its forward time more per step (real.executor), which sets
-  that worker's speed factor in the simulator.
+- **compute**: ``processes`` local ranks each time the executor's step of the configuration's scheme at
+  once, as the configuration's workers do when they share this machine's cores: real.executor's own loop
+  (the batch, forward and backward through DDP and its hooks, the optimizer step or the push's and
+  pull's tensor work, the trace) with collectives over a group of one rank and a parameter-server client
+  that sends nothing (FreeNetwork), so everything but the communication the link fits price. The mean
+  over ranks and steps is the workload's compute time, its coefficient of variation the cluster's
+  jitter, and the backward's share of the step the workload's backward_fraction (when DDP's buckets
+  become ready). The forward time is also kept: a rank slowed by ``--slow RANK:F`` waits
+  (F-1) x 3 x its forward time more per step (real.executor), which sets that worker's speed factor
+  in the simulator.
 
 Results are cached as JSON under the calibration folder, so a resumed study measures nothing twice.
 ``python -m real.testbed.calibration --probe|--compute ...`` is what the ranks run.
@@ -35,18 +37,13 @@ from pathlib import Path
 
 from syncsim.files import write_atomic
 
-__all__ = ["SWEEP", "measure_link", "measure_sharing", "fit_sharing", "measure_compute", "slug"]
+__all__ = ["SWEEP", "FreeNetwork", "measure_link", "measure_sharing", "fit_sharing", "measure_compute", "slug"]
 
 SWEEP = tuple(2**k for k in range(12, 23))  # 4 KiB .. 4 MiB, ×2 apart
 WIRE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # all-reduce precisions timed (torch dtypes)
 # Each rank times at least COMPUTE_STEPS steps and COMPUTE_SECONDS of them (after COMPUTE_WARMUP): on a shared
 # machine a 0.5 ms step timed 40 times is 20 ms of measurement, which one burst of another process can fill.
 COMPUTE_STEPS, COMPUTE_SECONDS, COMPUTE_WARMUP, MAX_COMPUTE_STEPS = 40, 2.0, 5, 20_000
-# What a worker computes per step besides its communication, by the sync action its plan uses:
-# "allreduce": forward and backward through DDP (its hooks copy and scale each bucket) and the optimizer
-# step; "push-pull": forward, backward, the gradient flattened to push and pulled parameters loaded;
-# "local": forward, backward and the optimizer step of a plain module (local SGD's local steps).
-WORKS = ("allreduce", "push-pull", "local")
 SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
 BURSTS_FOR_RATE = 2  # messages this many tbf buckets long or more time the link's sustained rate
 RATE_WINDOW = 2.0  # given the run's message size, the rate is fitted over probe messages within this factor of it
@@ -265,20 +262,23 @@ def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float
             "residual": rms(np.exp(logs)), "residual_fair": rms([1.0] * len(trials))}
 
 
-def measure_compute(model: str, batch_size: int, processes: int, folder: Path, work: str = "local",
-                    amp: bool = False) -> dict:
-    """``processes`` ranks timing a worker's step of ``work`` at once; compute_time, jitter, backward_fraction,
-    forward_time, layers."""
-    if work not in WORKS:
-        raise ValueError(f"measure_compute: work must be one of {', '.join(WORKS)}, got {work!r}")
-    name = f"compute-{model}-b{batch_size}-p{processes}-{work}{'-amp' if amp else ''}"
+def measure_compute(model: str, batch_size: int, processes: int, folder: Path, scheme: str = "allreduce") -> dict:
+    """``processes`` ranks timing the executor's step of ``scheme`` without its communication at once;
+    compute_time, jitter, backward_fraction, forward_time, layers."""
+    from syncsim.schemes import parse
+
+    try:
+        scheme = str(parse(scheme))
+    except ValueError as err:
+        raise ValueError(f"measure_compute: scheme: {err}") from None
+    name = f"compute-{model}-b{batch_size}-p{processes}-{slug(scheme)}"
 
     def measure() -> dict:
         from real.run import start_ranks
 
         out = folder / f"{name}.raw.json"
         start_ranks(processes, "real.testbed.calibration", ["--compute", str(out), "--model", model, "--batch-size",
-                                                            str(batch_size), "--work", work] + ["--amp"] * amp)
+                                                            str(batch_size), "--scheme", scheme])
         return json.loads(out.read_text())
 
     return _cached(folder / f"{name}.json", measure)
@@ -417,68 +417,86 @@ def _sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) -
     dist.destroy_process_group()
 
 
-def _time_worker_steps(model_name: str, batch_size: int, work: str, amp: bool) -> dict:
-    """One rank: a worker's computation per step for ``work`` (see WORKS), timed as COMPUTE_STEPS says."""
-    import contextlib
+class FreeNetwork:
+    """A parameter-server client whose network costs nothing: a worker's own tensor work around a push
+    and a pull (the gradient cast to the wire format; the pulled parameters cast back to fp32) without
+    a byte sent. What the link fits price is left out, everything else the executor does is timed."""
 
+    def __init__(self, flat_params, wire_dtype) -> None:
+        self.wire_dtype = wire_dtype
+        self.params = flat_params.to(wire_dtype)
+        self.nbytes = self.params.numel() * self.params.element_size()
+
+    def push(self, flat_grad, step: int, aggregate: bool) -> int:
+        flat_grad.to(self.wire_dtype)
+        return self.nbytes
+
+    def wait(self, step: int, threshold: int) -> None:
+        pass
+
+    def pull(self, step: int):
+        return self.params.float(), self.nbytes
+
+    def stop(self) -> None:
+        pass
+
+
+def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str) -> dict:
+    """One rank: the executor's steps of ``scheme`` on one worker whose peers cost nothing, timed as
+    COMPUTE_STEPS says.
+
+    The executor runs its own loop (real.executor.Executor.run_step): the batch, the forward and
+    backward (through DDP and the executor's byte-counting hook where the plan all-reduces), the
+    optimizer step or the push's and pull's tensor work, its trace records. Its collectives run over a
+    process group of this rank alone and its parameter-server client is FreeNetwork, so what is
+    timed is the step without its communication, which the link fits price."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from real.config import SERVER_ACTIONS, RunConfig
     from real.data import load
+    from real.executor import Executor, flat_params
+    from real.hooks import WIRE_DTYPES
     from real.models import build, param_layers
+    from real.trace import Recorder
+    from syncsim.schemes import parse
 
-    model, data = build(model_name, 0), load("synthetic", 0)
+    pushes = any(isinstance(a, SERVER_ACTIONS) for a in parse(scheme).policy(4.0).actions(8))
+    cfg = RunConfig(scheme=scheme, world=1, servers=int(pushes), model=model_name, batch_size=batch_size,
+                    steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS, out=folder)
     rank, world = dist.get_rank(), dist.get_world_size()
     own = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group, in order
-    net = DDP(model, process_group=own) if work == "allreduce" else model  # its buckets reduce locally
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+    model, data = build(cfg.model, cfg.seed), load(cfg.data, cfg.seed)  # as real.worker builds them
+    client = FreeNetwork(flat_params(model), WIRE_DTYPES[cfg.spec.precision]) if pushes else None
+    executor = Executor(cfg, 0, model, data, torch.device("cpu"), own, Recorder(time.time()), client=client)
     steps, forward, backward = [], [], []
     dist.barrier()  # every rank starts at once: they share the cores as a run's ranks do
     timed = 0.0
-    for step in range(COMPUTE_WARMUP + MAX_COMPUTE_STEPS):
+    for step in range(cfg.steps):
         if step >= COMPUTE_WARMUP + COMPUTE_STEPS and timed >= COMPUTE_SECONDS:
             break
         t0 = time.perf_counter()
-        x, y = data.batch(rank, step, world, batch_size)
-        t1 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            loss = F.cross_entropy(net(x), y)
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        if work == "push-pull":  # flatten the gradient to push it, load the pulled parameters
-            grad = torch.cat([q.grad.reshape(-1) for q in model.parameters()]).float()
-            with torch.no_grad():
-                offset = 0
-                for q in model.parameters():
-                    q.copy_(grad[offset:offset + q.numel()].view_as(q))
-                    offset += q.numel()
-        else:
-            optimizer.step()
-        t4 = time.perf_counter()
+        executor.run_step(step)
+        elapsed = time.perf_counter() - t0
         if step >= COMPUTE_WARMUP:
-            timed += t4 - t0
-            steps.append(t4 - t0)
-            forward.append(t2 - t1)  # what real.executor times to size a --slow rank's extra wait
-            backward.append(t3 - t2)
+            timed += elapsed
+            steps.append(elapsed)
+            forward.append(executor.forward_time)  # what real.executor times to size a --slow rank's extra wait
+            backward.append(executor.backward_time)
     return {"steps": steps, "forward": forward, "backward": backward, "layers": list(param_layers(model))}
 
 
-def _compute_rank(out: str, model: str, batch_size: int, work: str, amp: bool) -> None:
+def _compute_rank(out: str, model: str, batch_size: int, scheme: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    mine = _time_worker_steps(model, batch_size, work, amp)
+    mine = _time_worker_steps(model, batch_size, scheme, str(Path(out).parent))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() == 0:
         steps = [t for g in gathered for t in g["steps"]]
         mean = statistics.fmean(steps)
-        result = {"model": model, "batch_size": batch_size, "processes": len(gathered), "work": work, "amp": amp,
+        result = {"model": model, "batch_size": batch_size, "processes": len(gathered), "scheme": scheme,
                   "compute_time": mean, "jitter": statistics.pstdev(steps) / mean,
                   "backward_fraction": statistics.fmean(t for g in gathered for t in g["backward"]) / mean,
                   "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
@@ -493,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     from syncsim.arguments import ArgumentParser, check_count, integer, number
     from syncsim.files import check_out_file
     from syncsim.limits import check_memory
+    from syncsim.schemes import parse
 
     ap = ArgumentParser(prog="python -m real.testbed.calibration", description=__doc__.splitlines()[0])
     what = ap.add_mutually_exclusive_group(required=True)
@@ -505,8 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=number, default=0.0, help="seconds each link rests before a timed transfer")
     ap.add_argument("--model", default="lenet", choices=MODELS)
     ap.add_argument("--batch-size", type=integer, default=32)
-    ap.add_argument("--work", default="local", choices=WORKS)
-    ap.add_argument("--amp", action="store_true")
+    ap.add_argument("--scheme", default="allreduce", help="the scheme whose worker step the compute probe times")
     args = ap.parse_args(argv)
     try:
         out, flag = next((v, f) for v, f in ((args.probe, "--probe"), (args.compute, "--compute"),
@@ -517,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--lone must be between 0 and 60 seconds, got {args.lone:g}")
         check_count("--repeats", args.repeats, 1, MAX_REPEATS)
         check_count("--batch-size", args.batch_size, 1)
+        try:
+            parse(args.scheme)
+        except ValueError as err:
+            raise ValueError(f"--scheme: {err}") from None
         check_memory("--batch-size", args.batch_size, "samples of a batch", SAMPLE_BYTES, "lower --batch-size")
         if not 0 <= args.idle <= 60:
             raise ValueError(f"--idle must be between 0 and 60 seconds, got {args.idle:g}")
@@ -527,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.sharing is not None:
         _sharing_rank(args.sharing, args.size, args.repeats, args.idle, args.lone)
     else:
-        _compute_rank(args.compute, args.model, args.batch_size, args.work, args.amp)
+        _compute_rank(args.compute, args.model, args.batch_size, args.scheme)
     return 0
 
 

@@ -121,7 +121,7 @@ ENTRY_POINTS = {
                                   "--idle": lambda s: bad_real_text(0.0, 60.0),
                                   "--model": lambda s: bad_choice_text(MODELS),
                                   "--batch-size": lambda s: bad_int_text(1, BATCH),
-                                  "--work": lambda s: bad_choice_text(("allreduce", "push-pull", "local")),
+                                  "--scheme": lambda s: BAD_SCHEMES,
                                   "--compute": bad_file}, ["--compute", "/tmp/syncsim-fuzz-never-written.json"], [],
                                  ["real.testbed.calibration._probe_rank", "real.testbed.calibration._compute_rank"]),
     "real.faults": ({"--timeout": lambda s: bad_real_text(1.0, 600.0),

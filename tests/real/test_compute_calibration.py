@@ -1,0 +1,89 @@
+"""The compute probe times the executor's own step without its communication (real.testbed.calibration).
+
+The simulator is given a compute time and prices communication from the link fits; a run's step is the
+executor's loop. So the probe must time that loop, bookkeeping included: a sub-millisecond step of the
+small model spends a fifth of its time outside the forward, backward and optimizer step (the byte-counting
+hook, the trace), which a hand-written timing loop leaves out. Planting a known delay in the executor's
+trace records must show up, whole, in the calibrated step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+DELAY = 0.002  # seconds planted in every trace record the executor writes
+SCHEMES = ("allreduce", "allreduce:precision=fp16", "ps:staleness=2", "localsgd:period=4")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, folder: str) -> None:
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    from real.testbed import calibration
+    from real.trace import Recorder
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=1)
+    calibration.COMPUTE_SECONDS = 0.3  # the probe's own minimum is for a quiet measurement, not for this check
+    span = Recorder.span
+    calls = {"n": 0}
+
+    def slow_span(self, *args, **kwargs):
+        calls["n"] += 1
+        time.sleep(DELAY)
+        return span(self, *args, **kwargs)
+
+    results = {}
+    for scheme in SCHEMES:
+        Recorder.span = span
+        plain = calibration._time_worker_steps("mlp", 32, scheme, folder)
+        Recorder.span, calls["n"] = slow_span, 0
+        slowed = calibration._time_worker_steps("mlp", 32, scheme, folder)
+        steps = calibration.COMPUTE_WARMUP + len(slowed["steps"])
+        results[scheme] = {"plain": statistics.fmean(plain["steps"]), "slowed": statistics.fmean(slowed["steps"]),
+                           "spans_per_step": calls["n"] / steps, "forward": statistics.fmean(plain["forward"]),
+                           "backward": statistics.fmean(plain["backward"]), "layers": plain["layers"]}
+    with open(os.path.join(folder, "compute.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_the_compute_probe_times_the_executor_s_own_step_bookkeeping_included(tmp_path):
+    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=1, join=True)
+    results = json.loads((tmp_path / "compute.json").read_text())
+    for scheme, r in results.items():
+        # every scheme's step writes at least its compute span; the PS step its push and pull too
+        assert r["spans_per_step"] >= (3 if scheme.startswith("ps") else 1), (scheme, r)
+        planted = r["spans_per_step"] * DELAY
+        # the planted delay is in the timed step, whole (sleep never returns early; 10 % for the clock)
+        assert r["slowed"] - r["plain"] >= 0.9 * planted, (scheme, r)
+        # the forward and the backward are parts of the step, each measured
+        assert 0 < r["forward"] and 0 < r["backward"] and r["forward"] + r["backward"] < r["plain"], (scheme, r)
+        assert sum(r["layers"]) == 101_770 * 4  # the small model's parameters, fp32 bytes
+
+
+def test_free_network_does_the_worker_s_tensor_work_and_sends_nothing():
+    from real.testbed.calibration import FreeNetwork
+
+    params = torch.arange(6, dtype=torch.float32)
+    client = FreeNetwork(params, torch.float16)
+    assert client.push(torch.ones(6), step=0, aggregate=False) == 12  # six fp16 values
+    client.wait(step=0, threshold=0)
+    pulled, nbytes = client.pull(step=0)
+    assert nbytes == 12 and pulled.dtype == torch.float32 and torch.equal(pulled, params)
