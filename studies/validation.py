@@ -47,6 +47,12 @@ SHORT_RUN, MAX_STEPS = 2.0, 4000  # one predicted shorter than SHORT_RUN seconds
 # A measured run's step time is also timed over this many consecutive windows of its steps; their
 # coefficient of variation (measured_spread) is how much this machine's speed wandered during the run.
 SPREAD_WINDOWS = 4
+# A prediction pools this many simulations of its configuration, each with its own seed: the draws of
+# how colliding flows split a server's shaper (syncsim.network's sharing spread) and of compute jitter
+# make one simulation a sample, whose step time varied by up to 13 % from seed to seed on the default
+# grid (two SSP or asynchronous workers). The measured run is one sample; the prediction is the model's
+# expectation.
+PREDICTION_SEEDS = 8
 BATCH = 32
 QUICK_BATCH = 256
 """The quick preset's batch: every step milliseconds long. At 32 the one-worker step of the small model
@@ -54,10 +60,11 @@ is under a millisecond, where one burst of a shared machine decides the row (-16
 once, over CI runs, when the compute calibration still left out the executor's own bookkeeping)."""
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
-           "measured_spread", "predicted_speedup", "measured_speedup", "speedup_error", "predicted_staleness_mean",
-           "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max", "measured_staleness_max",
-           "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha", "link_launch",
-           "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread", "wall_time", "error")
+           "measured_spread", "predicted_seed_cv", "predicted_speedup", "measured_speedup", "speedup_error",
+           "predicted_staleness_mean", "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max",
+           "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
+           "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
+           "wall_time", "error")
 
 
 @dataclass(frozen=True)
@@ -260,6 +267,20 @@ def run_spread(trace: pd.DataFrame, steps: int, world: int) -> float:
     return step_time_spread(trace, SPREAD_WINDOWS, steps=steps, workers=world)
 
 
+def predict(first) -> tuple:
+    """The prediction of a configuration whose simulation ``first`` (a SimResult, seed 0) is: the steady
+    state of PREDICTION_SEEDS simulations of it pooled (syncsim.metrics.pooled_steady_state), and the
+    coefficient of variation of their step times (how much the model itself varies from seed to seed)."""
+    from syncsim import simulate
+    from syncsim.metrics import pooled_steady_state
+
+    runs = [first] + [simulate(first.cluster, first.workload, first.scheme, steps=first.steps, seed=seed)
+                      for seed in range(first.seed + 1, first.seed + PREDICTION_SEEDS)]
+    states = [run.steady for run in runs]
+    times = np.array([state.step_time for state in states])
+    return pooled_steady_state(states), float(times.std() / times.mean())
+
+
 def evaluate(config: Config, args: argparse.Namespace) -> dict:
     """One row: calibrate, predict, measure, compare; a failure is a row with its reason."""
     from syncsim import simulate
@@ -279,7 +300,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
         folder.mkdir(parents=True, exist_ok=True)
         result.trace.to_csv(folder / "sim-trace.csv", index=False)  # beside the real trace.csv, to compare
         result.updates.to_csv(folder / "sim-updates.csv", index=False)
-        predicted = result.steady
+        predicted, row["predicted_seed_cv"] = predict(result)
         measured, row["measured_spread"] = measure(config, args, folder, steps)
         row.update(predicted_step_time=predicted.step_time, measured_step_time=measured.step_time,
                    predicted_throughput=predicted.throughput, measured_throughput=measured.throughput,
@@ -354,6 +375,10 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         lines.append(f"measured step time wandered within its own run by a median {spread.median():.1%}, max "
                      f"{spread.max():.1%} (coefficient of variation over {SPREAD_WINDOWS} windows): the floor "
                      "below which a row's error is this machine's drift, not the model's")
+    seeds = ok["predicted_seed_cv"].dropna() if "predicted_seed_cv" in ok else pd.Series(dtype=float)
+    if len(seeds):
+        lines.append(f"predicted step time varied from seed to seed by a median {seeds.median():.1%}, max "
+                     f"{seeds.max():.1%} ({PREDICTION_SEEDS} simulations pooled per configuration)")
     worst = ok.reindex(ok["rel_error"].abs().sort_values(ascending=False).index).head(3)
     for _, r in worst.iterrows():
         lines.append(f"  worst: {r['scheme']} on {r['world']} workers, {r['bandwidth']}, {r['model']}"

@@ -17,7 +17,10 @@ run are compared on exactly the same footing:
 - **speedup** is throughput over that of one worker training alone;
 - **staleness** statistics are over the updates of steps after the warm-up;
 - a run's **spread** is how much its step time wandered while it ran: the coefficient of variation of
-  the step times of consecutive equal windows of its steps after the warm-up (step_time_spread).
+  the step times of consecutive equal windows of its steps after the warm-up (step_time_spread);
+- several runs of one configuration (simulations with different seeds) are **pooled** as one longer
+  run: each worker's step time is its mean over the runs, the staleness every run's updates
+  (pooled_steady_state).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["SteadyState", "steady_state", "step_ends", "warmup_steps", "staleness_distance", "step_time_spread"]
+__all__ = ["SteadyState", "steady_state", "pooled_steady_state", "step_ends", "warmup_steps", "staleness_distance",
+           "step_time_spread"]
 
 
 def _harmonic_step_time(worker_step_times: np.ndarray) -> np.ndarray:
@@ -113,6 +117,25 @@ def steady_state(trace: pd.DataFrame, updates: pd.DataFrame, batch_size: int, st
     stale = updates.loc[updates["step"].to_numpy() >= warm, "staleness"].to_numpy(dtype=np.int64)
     return SteadyState(steps=steps, warmup=warm, batch_size=int(batch_size), worker_step_times=times,
                        staleness=stale)
+
+
+def pooled_steady_state(states: list[SteadyState]) -> SteadyState:
+    """Runs of one configuration taken together, as one run as long as all of them: each worker's step
+    time is its mean over the runs (they time the same number of steps after the same warm-up), the
+    staleness every run's updates. A worker without a figure in any run has none pooled (NaN)."""
+    if not states:
+        raise ValueError("pooled_steady_state: no runs to pool")
+    first = states[0]
+    for other in states[1:]:
+        if (other.steps, other.warmup, other.batch_size) != (first.steps, first.warmup, first.batch_size) \
+                or other.worker_step_times.shape != first.worker_step_times.shape:
+            raise ValueError("pooled_steady_state: runs differ in steps, warm-up, batch size or workers "
+                             f"({other.steps}, {other.warmup}, {other.batch_size}, {len(other.worker_step_times)}"
+                             f" against {first.steps}, {first.warmup}, {first.batch_size}, "
+                             f"{len(first.worker_step_times)})")
+    times = np.mean([s.worker_step_times for s in states], axis=0)  # NaN in any run stays NaN
+    return SteadyState(steps=first.steps, warmup=first.warmup, batch_size=first.batch_size, worker_step_times=times,
+                       staleness=np.concatenate([s.staleness for s in states]))
 
 
 def step_time_spread(trace: pd.DataFrame, windows: int = 4, steps: int | None = None,

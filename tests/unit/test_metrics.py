@@ -11,7 +11,15 @@ import pytest
 from real.trace import _csv_text, merge, rank_dir
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.files import write_atomic
-from syncsim.metrics import staleness_distance, steady_state, step_ends, step_time_spread, warmup_steps
+from syncsim.metrics import (
+    SteadyState,
+    pooled_steady_state,
+    staleness_distance,
+    steady_state,
+    step_ends,
+    step_time_spread,
+    warmup_steps,
+)
 from syncsim.recorder import TRACE_COLUMNS, UPDATE_COLUMNS
 
 
@@ -35,6 +43,25 @@ def test_definition_on_a_hand_made_trace():
     assert figures.speedup(8.0) == pytest.approx(1.5)
     # the update of step 0 is in the warm-up
     assert figures.staleness_mean == pytest.approx(2.5) and figures.staleness_max == 4
+
+
+def test_pooled_runs_are_one_run_as_long_as_all_of_them():
+    # Two runs of 10 steps each timing 9 after the warm-up: worker 0 at 1 s and 3 s a step is, over the
+    # 18 steps of both, 2 s a step; a worker missing a figure in one run has none pooled.
+    def state(times, stale):
+        return SteadyState(steps=10, warmup=1, batch_size=8, worker_step_times=np.array(times),
+                           staleness=np.array(stale))
+
+    pooled = pooled_steady_state([state([1.0, 2.0, 4.0], [0, 1]), state([3.0, 2.0, np.nan], [2])])
+    np.testing.assert_allclose(pooled.worker_step_times[:2], [2.0, 2.0])
+    assert np.isnan(pooled.worker_step_times[2])
+    assert pooled.step_time == pytest.approx(2.0) and pooled.throughput == pytest.approx(8 / 2.0 * 2)
+    assert sorted(pooled.staleness.tolist()) == [0, 1, 2] and pooled.staleness_mean == pytest.approx(1.0)
+    assert pooled_steady_state([state([1.0], [])]).step_time == 1.0  # one run pools to itself
+    with pytest.raises(ValueError, match="no runs"):
+        pooled_steady_state([])
+    with pytest.raises(ValueError, match="differ"):
+        pooled_steady_state([state([1.0], []), SteadyState(20, 2, 8, np.array([1.0]), np.array([]))])
 
 
 def test_step_time_spread_is_the_variation_of_consecutive_windows_after_the_warm_up():

@@ -222,6 +222,8 @@ def test_rows_failures_summary_figure_and_resume(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "parity.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert "wandered within its own run by a median" in out
+    # the jittered model varies from seed to seed: every row says by how much, the summary too
+    assert (ok["predicted_seed_cv"] > 0).all() and "varied from seed to seed by a median" in out
     assert "median |error|" in out and f"over {len(configs) - 1} configurations" in out
     assert "1 configurations failed" in out
     # a rerun measures only the failed row again
@@ -265,6 +267,23 @@ def test_every_all_reduce_is_predicted_as_the_ring_gloo_runs():
         assert spec.algorithm == "ring"
         assert dataclasses.replace(spec, algorithm=parse(text).algorithm) == parse(text)  # nothing else changed
     assert validation.as_run_on_gloo("ps:mode=async") == parse("ps:mode=async")
+
+
+def test_a_prediction_pools_one_simulation_per_seed():
+    # Two asynchronous workers under a server whose NIC splits colliding flows at random: each seed is one
+    # draw of those splits. The prediction is every seed's run pooled (each worker's mean step time over
+    # the seeds), and its seed_cv the variation of the seeds' own step times.
+    cluster = Cluster.homogeneous(gpus=2, link=Link("50Mbit/s", "100us"), servers=1, jitter=0.2,
+                                  server_link=Link("50Mbit/s", "100us", sharing_spread=0.9))
+    workload = Workload(param_bytes=4e5, compute_time=2e-3, batch_size=32, name="w")
+    runs = [simulate(cluster, workload, "ps:mode=async", steps=40, seed=seed)
+            for seed in range(validation.PREDICTION_SEEDS)]
+    predicted, seed_cv = validation.predict(runs[0])
+    per_worker = np.mean([run.steady.worker_step_times for run in runs], axis=0)
+    assert predicted.step_time == pytest.approx(len(per_worker) / np.sum(1 / per_worker))
+    assert len(predicted.staleness) == sum(len(run.steady.staleness) for run in runs)
+    times = np.array([run.steady.step_time for run in runs])
+    assert seed_cv == pytest.approx(times.std() / times.mean()) and seed_cv > 0  # the draws do differ
 
 
 def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_the_launch(monkeypatch, tmp_path):
