@@ -19,7 +19,7 @@ from syncsim.files import check_out_dir
 from syncsim.limits import MAX_GPUS, RUN_BYTES_PER_RANK_STEP, check_memory
 from syncsim.schemes import Pull, Push, WaitForClock, parse
 
-__all__ = ["RunConfig", "MODELS", "DATA", "parser"]
+__all__ = ["RunConfig", "MODELS", "DATA", "parser", "needs_servers"]
 
 MODELS = ("lenet", "mlp", "mlp-large")
 DATA = ("synthetic", "digits")
@@ -34,6 +34,15 @@ MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 # What one sample costs a rank at most (input, activations and their gradients, for the models
 # in real.models: LeNet's 28x28 input makes about 20k activations): 256 KiB is a generous bound.
 SAMPLE_BYTES = 256 * 2**10
+
+
+def needs_servers(scheme, steps: int = 2) -> bool:
+    """Whether ``scheme`` (a spec string or a parsed Scheme) talks to parameter-server ranks: any of
+    SERVER_ACTIONS among the actions its plan emits over ``steps`` steps. Read off the plan, not the
+    scheme's type (the one rule of docs/architecture.md); which actions occur does not depend on the
+    model's size, so a nominal size stands in for it."""
+    spec = parse(scheme) if isinstance(scheme, str) else scheme
+    return any(isinstance(a, SERVER_ACTIONS) for a in spec.policy(4.0).actions(steps))
 
 
 def _pairs(owner: str, value: str | tuple | list, kinds: tuple) -> tuple:
@@ -125,13 +134,11 @@ class RunConfig:
         object.__setattr__(self, "timeout", check_float(owner, "timeout", self.timeout, low=1.0, high=MAX_TIMEOUT))
         check_choice(owner, "backend", self.backend, BACKENDS)
         check_choice(owner, "device", self.device, DEVICES)
-        # Which topology the scheme needs is read off its plan (the actions it
-        # emits), not off its type: the one rule of docs/architecture.md.
-        needs_servers = any(isinstance(a, SERVER_ACTIONS) for a in self.actions)
-        if needs_servers and self.servers < 1:
+        pushes = needs_servers(self.spec, self.steps)
+        if pushes and self.servers < 1:
             raise ValueError(f"RunConfig.servers: scheme {self.scheme!r} pushes to parameter servers; "
                              f"give --servers K with K >= 1 (got {self.servers})")
-        if not needs_servers and self.servers:
+        if not pushes and self.servers:
             raise ValueError(f"RunConfig.servers: scheme {self.scheme!r} uses no parameter servers; "
                              f"drop --servers (got {self.servers})")
         if self.device == "cuda" or self.backend == "nccl":

@@ -98,11 +98,9 @@ class Config:
     @property
     def servers(self) -> int:
         """One parameter-server host for a scheme that pushes, none otherwise (read off its plan)."""
-        from real.config import SERVER_ACTIONS
-        from syncsim.schemes import parse
+        from real.config import needs_servers
 
-        actions = parse(self.scheme).policy(1.0).action_types(2)
-        return int(any(issubclass(a, SERVER_ACTIONS) for a in actions))
+        return int(needs_servers(self.scheme))
 
     @property
     def ranks(self) -> int:

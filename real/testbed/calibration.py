@@ -456,15 +456,14 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     import torch
     import torch.distributed as dist
 
-    from real.config import SERVER_ACTIONS, RunConfig
+    from real.config import RunConfig, needs_servers
     from real.data import load
     from real.executor import Executor, flat_params
     from real.hooks import WIRE_DTYPES
     from real.models import build, param_layers
     from real.trace import Recorder
-    from syncsim.schemes import parse
 
-    pushes = any(isinstance(a, SERVER_ACTIONS) for a in parse(scheme).policy(4.0).actions(8))
+    pushes = needs_servers(scheme)
     cfg = RunConfig(scheme=scheme, world=1, servers=int(pushes), model=model_name, batch_size=batch_size,
                     steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS, out=folder)
     rank, world = dist.get_rank(), dist.get_world_size()
