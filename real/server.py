@@ -5,8 +5,10 @@ itself (docs/architecture.md). Server ranks world..world+K-1 each hold an
 equal contiguous shard of the flattened fp32 parameters, a version counter
 and a clock table (completed pushes per worker). Workers talk to every server
 with a 3-int header on tag HEADER followed, for a push, by the gradient shard
-in the wire precision on tag PAYLOAD; a server answers a pull with its shard
-on tag REPLY and a satisfied clock wait with one int on tag WAKE. Messages
+in the wire precision on tag PAYLOAD; a server answers a pull with its slowest clock on tag CLOCK and
+its shard on tag REPLY, and a satisfied clock wait with its slowest clock on
+tag WAKE. A worker sends a wait only when the slowest clock it last heard of
+does not already allow it to go on (syncsim.schemes.actions). Messages
 between one pair of ranks arrive in order (gloo pairs are ordered TCP
 streams). A server reads each worker's messages in a thread of its own, so
 transfers to and from different workers run side by side and share the
@@ -36,7 +38,7 @@ from real.trace import Recorder
 
 __all__ = ["Server", "Client", "shard_bounds"]
 
-HEADER, PAYLOAD, REPLY, WAKE = 1, 2, 3, 4
+HEADER, PAYLOAD, REPLY, WAKE, CLOCK = 1, 2, 3, 4, 5
 PUSH, PULL, WAIT, STOP = 1, 2, 3, 4
 
 
@@ -125,7 +127,9 @@ class Server:
                     with self.lock:
                         self.read_version[worker] = self.version
                         reply = self.shard.to(self.wire_dtype, copy=True)  # this version, whatever comes next
+                        slowest = torch.tensor([min(self.clocks)], dtype=torch.int64)
                     with self.heartbeat.waiting_for_peers():
+                        dist.send(slowest, dst=worker, tag=CLOCK)
                         dist.send(reply, dst=worker, tag=REPLY)
                 elif op == WAIT:
                     with self.lock:
@@ -173,7 +177,7 @@ class Server:
         self.waiting = [item for item in self.waiting if slowest < item[1]]
         for src, _ in ready:
             with self.heartbeat.waiting_for_peers():
-                dist.send(torch.tensor([self.version], dtype=torch.int64), dst=src, tag=WAKE)
+                dist.send(torch.tensor([slowest], dtype=torch.int64), dst=src, tag=WAKE)
 
     def maybe_fail(self, step: int) -> None:
         if self.fail_step is not None and step >= self.fail_step:
@@ -191,6 +195,7 @@ class Client:
         self.bounds = shard_bounds(numel, servers)
         self.wire_dtype = wire_dtype
         self.itemsize = torch.tensor([], dtype=wire_dtype).element_size()
+        self.heard = 0  # the slowest clock the servers last told this worker (never ahead of theirs)
 
     def _headers(self, op: int, step: int, arg: int) -> list:
         header = torch.tensor([op, step, arg], dtype=torch.int64)
@@ -204,19 +209,28 @@ class Client:
             w.wait()
         return wire.numel() * self.itemsize
 
-    def wait(self, step: int, threshold: int) -> None:
+    def wait(self, step: int, threshold: int) -> bool:
+        """Block until every server's slowest clock is at least ``threshold``; False when the clock last
+        heard of allowed it already and no message was sent."""
+        if self.heard >= threshold:
+            return False
         wake = [torch.zeros(1, dtype=torch.int64) for _ in self.servers]
         works = [dist.irecv(t, src=s, tag=WAKE) for t, s in zip(wake, self.servers)]
         works += self._headers(WAIT, step, threshold)
         for w in works:
             w.wait()
+        self.heard = max(self.heard, min(int(t) for t in wake))
+        return True
 
     def pull(self, step: int) -> tuple[torch.Tensor, int]:
         wire = torch.empty(self.bounds[-1][1], dtype=self.wire_dtype)
-        works = [dist.irecv(wire[a:b], src=s, tag=REPLY) for s, (a, b) in zip(self.servers, self.bounds)]
+        clocks = [torch.zeros(1, dtype=torch.int64) for _ in self.servers]
+        works = [dist.irecv(t, src=s, tag=CLOCK) for t, s in zip(clocks, self.servers)]
+        works += [dist.irecv(wire[a:b], src=s, tag=REPLY) for s, (a, b) in zip(self.servers, self.bounds)]
         works += self._headers(PULL, step, 0)
         for w in works:
             w.wait()
+        self.heard = max(self.heard, min(int(t) for t in clocks))
         return wire.float(), wire.numel() * self.itemsize
 
     def stop(self) -> None:

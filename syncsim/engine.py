@@ -82,6 +82,7 @@ class _Run:
         self.comm = Communicator(env, cluster, self.recorder, self.state)
         needs_servers = bool(self.policy.action_types(steps) & {Push, Pull, WaitForClock})
         self.servers = ServerGroup(env, cluster, self.recorder, self.state, seed) if needs_servers else None
+        self.heard = [0] * self.workers  # the slowest clock each worker last heard of from the servers
         self.step_end = np.zeros((steps, self.workers))
         self.handlers: dict[type, Callable] = {
             AllReduceGradients: self._allreduce, AverageParameters: self._average, LocalUpdate: self._local_update,
@@ -168,11 +169,16 @@ class _Run:
         # latency is owed, like a pull's (see worker()). Recorded even when it takes no time, so
         # the trace compares action by action with real runs.
         servers = self.servers
-        waiter = servers.wait(w, action.slack)  # type: ignore[union-attr]
         start = self.env.now
+        if self.heard[w] >= servers.clock[w] - action.slack:  # type: ignore[union-attr]
+            # the slowest clock the worker last heard of already lets it go on: no message (actions.py)
+            self.recorder.event(w, step, _WAIT, start, start, 0.0)
+            return
+        waiter = servers.wait(w, action.slack)  # type: ignore[union-attr]
         if waiter is not None:
             yield waiter
         pending[3] = servers.latency * (1 if waiter is not None else 2)  # type: ignore[union-attr]
+        self.heard[w] = servers.min_clock  # type: ignore[union-attr]  # the answer carries it
         self.recorder.event(w, step, _WAIT, start, self.env.now + pending[3], 0.0)
 
     def _pull(self, w: int, step: int, action: Pull, pending: list):
@@ -180,6 +186,7 @@ class _Run:
             yield from self._settle(w, step, pending)
         servers = self.servers
         start, version = self.env.now, self.state.version
+        self.heard[w] = servers.min_clock  # type: ignore[union-attr]  # the reply carries the slowest clock
         yield servers.pull(action.nbytes)  # type: ignore[union-attr]
         # A pull is a request and a reply: two latencies besides the reply's bytes, both owed.
         pending[3] = 2 * servers.latency  # type: ignore[union-attr]

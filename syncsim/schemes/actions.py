@@ -23,7 +23,13 @@ Semantics every executor honours:
   gradients are applied together as one version; otherwise each is applied
   on arrival, one version each.
 - ``WaitForClock``: block until the slowest worker's clock (completed pushes)
-  is at least this worker's clock minus ``slack``; slack 0 is a barrier.
+  is at least this worker's clock minus ``slack``; slack 0 is a barrier. The
+  servers send the slowest clock with every pull reply and every wake, and a
+  worker asks them (a request and its answer) only when the clock it last
+  heard of does not already allow it to go on: an SSP client serves reads from
+  its cache while the cache is fresh enough (Ho et al. 2013, section 3), so
+  it pays no round trip on a step the bound does not hold back. The view is
+  never ahead of the servers' (clocks only grow), so the bound is kept.
 - ``Pull``: fetch the current parameters from the servers; the next gradient
   reads the version that was current when the pull started.
 """

@@ -78,6 +78,23 @@ def test_ssp_zero_times_equal_sync(p, jitter, seed):
     assert ssp0.versions == 8 * p
 
 
+# Basis: syncsim.schemes.actions (WaitForClock): the servers send the slowest clock with every pull
+# reply, and a worker asks them only when the clock it last heard of does not allow it to go on
+# (an SSP client reads from its cache while the cache is fresh enough, Ho et al. 2013). Identical
+# workers stay in lock-step, so the pull of step t hears at least clock t (every worker's previous
+# push has landed; this round's may land in the same instant, after the pull) and, with s >= 2, no
+# wait of step t + 1 (threshold t + 2 - s) needs a message: SSP runs exactly as asynchronous
+# training, latencies included.
+@given(st.integers(2, 8), st.integers(2, 5), st.floats(1e-6, 1e-3), st.integers(1, 3))
+def test_ssp_that_never_binds_sends_no_clock_requests(p, s, alpha, k):
+    cluster = ps_cluster(p, k, latency=alpha, jitter=0.0)
+    ssp = simulate(cluster, Workload(1e6, 0.01), ParameterServer(staleness=s), steps=10)
+    asynchronous = simulate(cluster, Workload(1e6, 0.01), "ps:mode=async", steps=10)
+    np.testing.assert_array_equal(ssp.step_end, asynchronous.step_end)
+    waits = ssp.trace[ssp.trace["kind"] == "wait"]
+    assert len(waits) == 10 * p and (waits["end"] == waits["start"]).all()
+
+
 # Basis: with the same compute-time draws and a network too fast to matter, SSP is a max-plus
 # recurrence (a worker starts step t+1 at the later of its own finish and the slowest worker
 # reaching clock t+1-s); a larger s only weakens the condition, so by induction every step

@@ -16,7 +16,7 @@ import torch
 
 import real.server as server_module
 from real.heartbeat import OWN, PEER, Beat, Heartbeat, Quiet, came_from_peer, mark, origin
-from real.server import HEADER, PAYLOAD, PULL, PUSH, REPLY, STOP, WAIT, WAKE, Client, Server, shard_bounds
+from real.server import CLOCK, HEADER, PAYLOAD, PULL, PUSH, REPLY, STOP, WAIT, WAKE, Client, Server, shard_bounds
 from real.trace import Recorder
 
 LR = 0.3  # not 0.5: with W = 2, lr/W would equal lr**W
@@ -164,8 +164,8 @@ def test_a_wait_is_answered_once_the_slowest_clock_reaches_its_threshold(monkeyp
     server, sent, _ = serve(monkeypatch, script)
     wakes = replies(sent, WAKE)
     # threshold 0 is met at once; worker 0's waits for 1 and 2 are met by worker 1's first and second push,
-    # each answered with the version current then
-    assert [(dst, int(v)) for dst, v in wakes] == [(1, 0), (0, 3), (0, 4)]
+    # each answered with the slowest clock then (the client keeps it: Client.heard)
+    assert [(dst, int(v)) for dst, v in wakes] == [(1, 0), (0, 1), (0, 2)]
     assert [int(t) for _, t, _ in sent] == [WAKE, WAKE, WAKE]
 
 
@@ -176,7 +176,7 @@ def test_a_wait_already_satisfied_is_answered_once(monkeypatch):
     _, sent, _ = serve(monkeypatch, script)
     # the slowest clock (2) is past the threshold (1) when the wait arrives: one answer, and no second
     # one when the next push wakes the waiters again
-    assert [(dst, int(v)) for dst, v in replies(sent, WAKE)] == [(0, 4)]
+    assert [(dst, int(v)) for dst, v in replies(sent, WAKE)] == [(0, 2)]
 
 
 def test_a_server_holds_its_shard_and_only_the_first_logs_updates(monkeypatch):
@@ -255,7 +255,8 @@ def test_shards_are_contiguous_cover_everything_and_differ_by_at_most_one(numel,
 
 def test_the_client_shards_pushes_and_assembles_pulls(monkeypatch):
     shards = [[1.0, 2.0], [3.0, 4.0], [5.0]]  # 5 values over 3 servers (ranks 2, 3, 4)
-    fake = Wire([(2 + k, REPLY, torch.tensor(v, dtype=torch.float16)) for k, v in enumerate(shards)])
+    clocks = [(2 + k, CLOCK, torch.tensor([c])) for k, c in enumerate((7, 5, 6))]
+    fake = Wire(clocks + [(2 + k, REPLY, torch.tensor(v, dtype=torch.float16)) for k, v in enumerate(shards)])
     monkeypatch.setattr(server_module, "dist", fake)
     client = Client(world=2, servers=3, numel=5, wire_dtype=torch.float16)
     grad = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
@@ -271,14 +272,39 @@ def test_the_client_shards_pushes_and_assembles_pulls(monkeypatch):
     assert fake.unfinished == 0  # every shard arrived before pull returns
     assert nbytes == 10 and flat.dtype == torch.float32 and flat.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert [(dst, [int(v) for v in t]) for dst, _, t in fake.sent] == [(k, [PULL, 3, 0]) for k in (2, 3, 4)]
+    assert client.heard == 5  # the slowest clock is the least any server reported
 
 
 def test_the_client_waits_for_every_server_with_its_threshold(monkeypatch):
     fake = Wire([(1, WAKE, torch.tensor([5])), (2, WAKE, torch.tensor([5]))])  # one int each
     monkeypatch.setattr(server_module, "dist", fake)
-    Client(world=1, servers=2, numel=4, wire_dtype=torch.float32).wait(step=6, threshold=4)
+    client = Client(world=1, servers=2, numel=4, wire_dtype=torch.float32)
+    assert client.wait(step=6, threshold=4) is True
     assert [(dst, [int(v) for v in t]) for dst, _, t in fake.sent] == [(1, [WAIT, 6, 4]), (2, [WAIT, 6, 4])]
     assert fake.script == [] and fake.unfinished == 0
+    assert client.heard == 5
+
+
+@pytest.mark.parametrize("heard, threshold, asks", [(3, 3, False), (4, 3, False), (2, 3, True)])
+def test_the_client_asks_only_when_the_clock_it_heard_of_is_behind(monkeypatch, heard, threshold, asks):
+    # SSP's cached view (syncsim.schemes.actions, WaitForClock): the slowest clock last heard of is never
+    # ahead of the servers', so when it already meets the threshold the wait is met without a message
+    fake = Wire([(1, WAKE, torch.tensor([threshold]))] if asks else [])
+    monkeypatch.setattr(server_module, "dist", fake)
+    client = Client(world=1, servers=1, numel=4, wire_dtype=torch.float32)
+    client.heard = heard
+    assert client.wait(step=9, threshold=threshold) is asks
+    assert [(dst, [int(v) for v in t]) for dst, _, t in fake.sent] == ([(1, [WAIT, 9, threshold])] if asks else [])
+    assert fake.script == [] and client.heard == max(heard, threshold)
+
+
+def test_a_pull_is_answered_with_the_slowest_clock_before_the_shard(monkeypatch):
+    g = torch.ones(5)
+    script = [*push(0, 0, g, False), *pull(0), *push(1, 0, g, False), *push(0, 1, g, False), *pull(0), *stop(2)]
+    _, sent, _ = serve(monkeypatch, script)
+    answers = [(dst, tag, int(v[0]) if tag == CLOCK else None) for dst, tag, v in sent]
+    # worker 1 had pushed nothing at the first pull (slowest clock 0), once at the second (1)
+    assert answers == [(0, CLOCK, 0), (0, REPLY, None), (0, CLOCK, 1), (0, REPLY, None)]
 
 
 class BrokenWire(Wire):
