@@ -157,8 +157,10 @@ def calibrate(config: Config, args: argparse.Namespace):
 
     folder = args.out / "calibration"
     spec = parse(config.scheme)
-    # the executor's own step of this scheme without its communication (under autocast where amp=true)
-    compute = measure_compute(config.model, args.batch_size, config.world, folder, scheme=config.scheme)
+    # the executor's own step of this scheme without its communication (under autocast where amp=true),
+    # with the last rank slowed as the run's last worker is in a straggler row
+    compute = measure_compute(config.model, args.batch_size, config.world, folder, scheme=config.scheme,
+                              slow=config.slow)
     # the links' rates around the size of what the run sends at once: the gradient at the wire precision
     message = sum(compute["layers"]) * spec.wire_ratio
     # all-reduces are probed over the run's own workers (their chunks and their contention for the cores);
@@ -180,8 +182,8 @@ def calibrate(config: Config, args: argparse.Namespace):
     server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"], burst=burst,
                        newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"])
     speed = None
-    if config.slow > 1:  # the slowed rank computes for as long as real.executor makes it: see slow_speed
-        speed = (1.0,) * (config.world - 1) + (slow_speed(compute, config.slow),)
+    if config.slow > 1:  # the slowed worker computes for as long as the probe's slowed rank did: slow_speed
+        speed = (1.0,) * (config.world - 1) + (slow_speed(compute),)
     cluster = Cluster.homogeneous(gpus=config.world, link=link, servers=config.servers,
                                   server_link=server_link if config.servers else None, speed=speed,
                                   jitter=compute["jitter"], collective_latency=sent["launch"], name="testbed")
@@ -209,14 +211,16 @@ def as_run_on_gloo(scheme: str):
     return spec
 
 
-def slow_speed(compute: dict, factor: float) -> float:
-    """The speed factor of a worker run with ``--slow RANK:factor``: real.executor makes that rank wait
-    (factor - 1) x COMPUTE_PER_FORWARD x its forward time more per step, so its compute time is
-    compute + that wait (factor x compute when the backward takes twice the forward)."""
-    from real.executor import COMPUTE_PER_FORWARD
+def slow_speed(compute: dict) -> float:
+    """The speed factor of a worker run with ``--slow RANK:factor``: the others' step over the slowed
+    rank's, both timed by the compute probe (measure_compute with ``slow``).
 
-    compute_time = compute["compute_time"]
-    return compute_time / (compute_time + (factor - 1) * COMPUTE_PER_FORWARD * compute["forward_time"])
+    real.executor makes that rank sleep (factor - 1) x COMPUTE_PER_FORWARD x its forward time between
+    forward and backward, and a process computes slower right after a sleep than back to back: the
+    small model's slowed step (factor 3) took 3.0-5.9 ms in the probe, where compute + that sleep
+    computed from the others' times gives 1.5-2.8 ms, and 3.8-6.4 ms in the grid's runs. So the slowed
+    step is measured, not derived."""
+    return compute["compute_time"] / compute["slowed_time"]
 
 
 def run_steps(asked: int, predicted_run: float) -> int:

@@ -17,9 +17,11 @@ Every number the simulator is given is measured here, on this machine, and has a
   that sends nothing (FreeNetwork), so everything but the communication the link fits price. The mean
   over ranks and steps is the workload's compute time, its coefficient of variation the cluster's
   jitter, and the backward's share of the step the workload's backward_fraction (when DDP's buckets
-  become ready). The forward time is also kept: a rank slowed by ``--slow RANK:F`` waits
-  (F-1) x 3 x its forward time more per step (real.executor), which sets that worker's speed factor
-  in the simulator.
+  become ready). For a run with a straggler the probe's last rank is slowed as ``--slow RANK:F``
+  slows the run's last worker (real.executor: a sleep of (F-1) x 3 x its forward time between forward
+  and backward), and its step is reported apart (``slowed_time``): it sets that worker's speed factor
+  in the simulator, measured rather than derived, since compute right after a sleep is slower than
+  back to back.
 
 Results are cached as JSON under the calibration folder, so a resumed study measures nothing twice.
 ``python -m real.testbed.calibration --probe|--compute ...`` is what the ranks run.
@@ -263,23 +265,31 @@ def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float
             "residual": rms(np.exp(logs)), "residual_fair": rms([1.0] * len(trials))}
 
 
-def measure_compute(model: str, batch_size: int, processes: int, folder: Path, scheme: str = "allreduce") -> dict:
+def measure_compute(model: str, batch_size: int, processes: int, folder: Path, scheme: str = "allreduce",
+                    slow: float = 1.0) -> dict:
     """``processes`` ranks timing the executor's step of ``scheme`` without its communication at once;
-    compute_time, jitter, backward_fraction, forward_time, layers."""
+    compute_time, jitter, backward_fraction, forward_time, layers. With ``slow`` > 1 the last rank is
+    slowed as ``--slow`` slows a run's last worker, and ``slowed_time`` is its step (the others make the
+    rest)."""
+    from real.config import MAX_SLOW
     from syncsim.schemes import parse
 
     try:
         scheme = str(parse(scheme))
     except ValueError as err:
         raise ValueError(f"measure_compute: scheme: {err}") from None
-    name = f"compute-{model}-b{batch_size}-p{processes}-{slug(scheme)}"
+    if not 1.0 <= slow <= MAX_SLOW or (slow > 1 and processes < 2):
+        raise ValueError(f"measure_compute: slow must be 1 or, with 2 processes or more, up to {MAX_SLOW:g}; "
+                         f"got {slow!r} with {processes} processes")
+    name = f"compute-{model}-b{batch_size}-p{processes}-{slug(scheme)}" + (f"-slow{slow:g}" if slow > 1 else "")
 
     def measure() -> dict:
         from real.run import start_ranks
 
         out = folder / f"{name}.raw.json"
         start_ranks(processes, "real.testbed.calibration", ["--compute", str(out), "--model", model, "--batch-size",
-                                                            str(batch_size), "--scheme", scheme])
+                                                            str(batch_size), "--scheme", scheme, "--slow",
+                                                            str(slow)])
         return json.loads(out.read_text())
 
     return _cached(folder / f"{name}.json", measure)
@@ -442,7 +452,7 @@ class FreeNetwork:
         pass
 
 
-def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str) -> dict:
+def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str, slow: float = 1.0) -> dict:
     """One rank: the executor's steps of ``scheme`` on one worker whose peers cost nothing, timed as
     COMPUTE_STEPS says.
 
@@ -465,7 +475,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
 
     pushes = needs_servers(scheme)
     cfg = RunConfig(scheme=scheme, world=1, servers=int(pushes), model=model_name, batch_size=batch_size,
-                    steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS, out=folder)
+                    steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS, out=folder, slow=((0, slow),) if slow > 1 else ())
     rank, world = dist.get_rank(), dist.get_world_size()
     own = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group, in order
     model, data = build(cfg.model, cfg.seed), load(cfg.data, cfg.seed)  # as real.worker builds them
@@ -495,14 +505,16 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     return {"steps": steps, "forward": forward, "backward": backward, "layers": layers}
 
 
-def _compute_rank(out: str, model: str, batch_size: int, scheme: str) -> None:
+def _compute_rank(out: str, model: str, batch_size: int, scheme: str, slow: float = 1.0) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    mine = _time_worker_steps(model, batch_size, scheme, str(Path(out).parent))
+    last = dist.get_rank() == dist.get_world_size() - 1
+    mine = _time_worker_steps(model, batch_size, scheme, str(Path(out).parent), slow if last else 1.0)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() == 0:
+        slowed = gathered.pop() if slow > 1 else None  # the last rank's, as --slow slows a run's last worker
         steps = [t for g in gathered for t in g["steps"]]
         mean = statistics.fmean(steps)
         result = {"model": model, "batch_size": batch_size, "processes": len(gathered), "scheme": scheme,
@@ -510,13 +522,15 @@ def _compute_rank(out: str, model: str, batch_size: int, scheme: str) -> None:
                   "backward_fraction": statistics.fmean(t for g in gathered for t in g["backward"]) / mean,
                   "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
                   "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"]}
+        if slowed is not None:
+            result |= {"processes": len(gathered) + 1, "slow": slow, "slowed_time": statistics.fmean(slowed["steps"])}
         write_atomic(out, json.dumps(result, indent=1))
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
     from real.calibrate import MAX_REPEATS
-    from real.config import MODELS, SAMPLE_BYTES
+    from real.config import MAX_SLOW, MODELS, SAMPLE_BYTES
     from syncsim.arguments import ArgumentParser, check_count, integer, number
     from syncsim.files import check_out_file
     from syncsim.limits import check_memory
@@ -534,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="lenet", choices=MODELS)
     ap.add_argument("--batch-size", type=integer, default=32)
     ap.add_argument("--scheme", default="allreduce", help="the scheme whose worker step the compute probe times")
+    ap.add_argument("--slow", type=number, default=1.0, help="the compute probe's last rank is this many times slower")
     args = ap.parse_args(argv)
     try:
         out, flag = next((v, f) for v, f in ((args.probe, "--probe"), (args.compute, "--compute"),
@@ -549,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             raise ValueError(f"--scheme: {err}") from None
         check_memory("--batch-size", args.batch_size, "samples of a batch", SAMPLE_BYTES, "lower --batch-size")
+        if not 1 <= args.slow <= MAX_SLOW:
+            raise ValueError(f"--slow must be between 1 and {MAX_SLOW:g}, got {args.slow:g}")
         if not 0 <= args.idle <= 60:
             raise ValueError(f"--idle must be between 0 and 60 seconds, got {args.idle:g}")
     except ValueError as err:
@@ -558,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.sharing is not None:
         _sharing_rank(args.sharing, args.size, args.repeats, args.idle, args.lone)
     else:
-        _compute_rank(args.compute, args.model, args.batch_size, args.scheme)
+        _compute_rank(args.compute, args.model, args.batch_size, args.scheme, args.slow)
     return 0
 
 

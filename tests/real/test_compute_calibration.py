@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 
 DELAY = 0.002  # seconds planted in every trace record the executor writes
 SCHEMES = ("allreduce", "allreduce:precision=fp16", "ps:staleness=2", "localsgd:period=4")
+SLOW = 3.0  # the straggler rows' factor (studies.validation.SLOW)
 
 
 def _free_port() -> int:
@@ -58,6 +59,9 @@ def _rank(rank: int, port: int, folder: str) -> None:
         results[scheme] = {"plain": statistics.fmean(plain["steps"]), "slowed": statistics.fmean(slowed["steps"]),
                            "spans_per_step": calls["n"] / steps, "forward": statistics.fmean(plain["forward"]),
                            "backward": statistics.fmean(plain["backward"]), "layers": plain["layers"]}
+    Recorder.span = span
+    straggler = calibration._time_worker_steps("mlp", 32, "allreduce", folder, slow=SLOW)
+    results["straggler"] = {k: straggler[k] for k in ("steps", "forward", "backward")}
     with open(os.path.join(folder, "compute.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
@@ -67,6 +71,15 @@ def _rank(rank: int, port: int, folder: str) -> None:
 def test_the_compute_probe_times_the_executor_s_own_step_bookkeeping_included(tmp_path):
     mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=1, join=True)
     results = json.loads((tmp_path / "compute.json").read_text())
+    straggler = results.pop("straggler")
+    # A rank probed with --slow F sleeps (F-1) x COMPUTE_PER_FORWARD x that step's forward between forward
+    # and backward (real.executor), so each of its steps holds its forward, that sleep and a backward:
+    # the slowed step studies.validation gives the simulator is measured with the sleep in it.
+    from real.executor import COMPUTE_PER_FORWARD
+
+    factor = (SLOW - 1) * COMPUTE_PER_FORWARD
+    for step, forward, backward in zip(straggler["steps"], straggler["forward"], straggler["backward"]):
+        assert backward >= factor * forward and step >= (1 + factor) * forward
     for scheme, r in results.items():
         # every scheme's step writes at least its compute span; the PS step its push and pull too
         assert r["spans_per_step"] >= (3 if scheme.startswith("ps") else 1), (scheme, r)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pandas as pd
@@ -308,6 +309,63 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
         cluster, _, values = validation.calibrate(validation.Config(scheme, world, "50Mbit/s", "mlp"), args)
         assert probed[-1] == hosts
         assert cluster.collective_latency == values["link_launch"] == launch
+
+
+def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_measured_step(monkeypatch, tmp_path):
+    # The slowed worker's speed factor is the others' compute over the slowed rank's, both measured by one
+    # probe whose last rank is slowed as the run's last worker is (not derived from the forward time).
+    asked = []
+    compute = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
+               "layers": [1000, 2000]}
+
+    def measure_compute(model, batch_size, processes, folder, scheme, slow):
+        asked.append((processes, slow))
+        return compute | ({"slowed_time": 7e-3} if slow > 1 else {})
+
+    fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
+    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, **k: {
+        "burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit}})
+    monkeypatch.setattr("real.testbed.calibration.measure_compute", measure_compute)
+    monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
+    args = validation.parse_args(["--out", str(tmp_path / "v")])
+    cluster, workload, _ = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args)
+    assert asked == [(3, 3.0)]
+    assert cluster.speed == pytest.approx((1.0, 1.0, 2e-3 / 7e-3)) and workload.compute_time == 2e-3
+    cluster, _, _ = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp"), args)
+    assert asked[-1] == (3, 1.0) and cluster.speed is None  # every worker at nominal speed
+
+
+def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeypatch, tmp_path):
+    from real.testbed import calibration
+
+    ranks = [{"steps": [1e-3, 3e-3], "forward": [2e-4, 2e-4], "backward": [6e-4, 6e-4], "layers": [8]},
+             {"steps": [2e-3, 2e-3], "forward": [4e-4, 4e-4], "backward": [1e-3, 1e-3], "layers": [8]},
+             {"steps": [9e-3, 11e-3], "forward": [3e-4, 3e-4], "backward": [9e-3, 9e-3], "layers": [8]}]
+    given = []
+
+    def time_steps(model, batch_size, scheme, folder, slow):
+        given.append(slow)
+        return ranks[0]
+
+    class Dist:  # rank 0 of three, gathering the ranks above
+        init_process_group = destroy_process_group = staticmethod(lambda *a, **k: None)
+        get_rank = staticmethod(lambda: 0)
+        get_world_size = staticmethod(lambda: 3)
+
+        @staticmethod
+        def all_gather_object(out, mine):
+            out[:] = ranks
+
+    monkeypatch.setattr(calibration, "_time_worker_steps", time_steps)
+    monkeypatch.setattr("torch.distributed", Dist)
+    out = tmp_path / "c.json"
+    calibration._compute_rank(str(out), "mlp", 32, "allreduce", slow=3.0)
+    result = json.loads(out.read_text())
+    assert given == [1.0]  # rank 0 is not the last: it runs unslowed
+    assert result["processes"] == 3 and result["slow"] == 3.0
+    assert result["slowed_time"] == pytest.approx(10e-3)  # the last rank's mean step
+    assert result["compute_time"] == pytest.approx(2e-3) and result["forward_time"] == pytest.approx(3e-4)
+    assert result["per_rank"] == pytest.approx([2e-3, 2e-3])
 
 
 def test_a_resumed_study_fills_in_the_drift_of_rows_measured_before_it_was_recorded(tmp_path, monkeypatch):
