@@ -4,7 +4,8 @@ Every number the simulator is given is measured here, on this machine, and has a
 
 - **links**: a probe on a testbed at the configuration's rate times a ping-pong between two hosts and
   an all-reduce over every host at each wire precision, over message sizes SWEEP, each message after
-  the links rested long enough to refill their tbf buckets; an all-reducing run is probed on as many
+  the links rested long enough to refill their tbf buckets, the sizes timed in turns (interleaved) so
+  that a stall of the machine cannot take all of one size's timings; an all-reducing run is probed on as many
   hosts as it has workers. fit_links gives α, B and a collective's launch cost L of each closed form
   on a token-bucket link. The all-reduce fit at the scheme's precision is the link of workers that
   all-reduce (what collectives see, reduction arithmetic included), the ping-pong fit that of workers
@@ -296,11 +297,11 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
 
 
 # -- what the ranks run -------------------------------------------------------------
-def _timed(action, repeats: int, idle: float, from_last: bool = False) -> list[float]:
-    """Times of ``action()`` in ``repeats`` rounds after one warm-up; every rank starts each round
-    together, after the links rested ``idle`` seconds (a tbf bucket refills while its link rests).
+def _timed_once(action, idle: float, from_last: bool = False) -> float:
+    """One round of ``action()``: every rank starts it together, after the links rested ``idle`` seconds
+    (a tbf bucket refills while its link rests).
 
-    A round's time is its slowest rank's, or with ``from_last`` (collectives) the time from the last
+    The round's time is its slowest rank's, or with ``from_last`` (collectives) the time from the last
     rank's start to the last rank's end, as syncsim starts a collective once every rank has arrived:
     ranks leave the barrier and the sleep apart (by milliseconds when four ranks wake on two cores),
     and the rank that started first would count the others' lateness as the collective's. The ranks
@@ -308,18 +309,30 @@ def _timed(action, repeats: int, idle: float, from_last: bool = False) -> list[f
     import torch
     import torch.distributed as dist
 
-    times = []
-    for i in range(repeats + 1):
-        dist.barrier()
-        time.sleep(idle)
-        t0 = time.perf_counter()
-        action()
-        t1 = time.perf_counter()
-        # float64: perf_counter is seconds since boot, which float32 would round to milliseconds
-        instants = torch.tensor([t0, t1] if from_last else [t1 - t0], dtype=torch.float64)
-        dist.all_reduce(instants, op=dist.ReduceOp.MAX)
-        if i:
-            times.append(float(instants[-1] - instants[0]) if from_last else float(instants[0]))
+    dist.barrier()
+    time.sleep(idle)
+    t0 = time.perf_counter()
+    action()
+    t1 = time.perf_counter()
+    # float64: perf_counter is seconds since boot, which float32 would round to milliseconds
+    instants = torch.tensor([t0, t1] if from_last else [t1 - t0], dtype=torch.float64)
+    dist.all_reduce(instants, op=dist.ReduceOp.MAX)
+    return float(instants[-1] - instants[0]) if from_last else float(instants[0])
+
+
+def interleaved(rounds: list[int], time_once) -> list[list[float]]:
+    """``rounds[k]`` timings of each item k, taken in turns: one warm-up of every item, then passes over
+    the items, each timing every item that still needs one, so that a stall of the shared machine
+    lasting a few timings falls on one timing of several sizes, which their medians discard, rather than
+    on every timing of one size, as when each size's repeats ran back to back. ``time_once(k)`` times
+    item k once."""
+    for k in range(len(rounds)):
+        time_once(k)  # warm-up: connections, buffers, the first touch of each size
+    times: list[list[float]] = [[] for _ in rounds]
+    for r in range(max(rounds, default=0)):
+        for k, wanted in enumerate(rounds):
+            if r < wanted:
+                times[k].append(time_once(k))
     return times
 
 
@@ -340,20 +353,19 @@ def _probe_rank(out: str, repeats: int, idle: float) -> None:
             dist.recv(buf, 0)
             dist.send(buf, 0)
 
-    def row(size: int, action, per: float = 1.0, from_last: bool = False) -> tuple:
+    def sweep(actions: list, per: float = 1.0, from_last: bool = False) -> list[tuple]:
         # small messages are quick and their times noisy on a shared machine: time them more often
-        rounds = repeats * (SMALL_REPEATS if size <= SMALL else 1)
-        times = [t / per for t in _timed(action, rounds, idle, from_last)]
-        return size, statistics.median(times), times
+        rounds = [repeats * (SMALL_REPEATS if size <= SMALL else 1) for size in SWEEP]
+        times = interleaved(rounds, lambda k: _timed_once(actions[k], idle, from_last) / per)
+        return [(size, statistics.median(t), t) for size, t in zip(SWEEP, times)]
 
-    for size in SWEEP:
-        buf = torch.zeros(size // 4)
-        result["pingpong"].append(row(size, lambda buf=buf: pingpong(buf), per=2.0))  # one way
+    bufs = [torch.zeros(size // 4) for size in SWEEP]
+    result["pingpong"] = sweep([lambda buf=buf: pingpong(buf) for buf in bufs], per=2.0)  # one way
     for precision, name in WIRE.items():
         dtype = getattr(torch, name)
-        result[f"allreduce_{precision}"] = [row(size, lambda buf=buf: dist.all_reduce(buf), from_last=True)
-                                            for size in SWEEP
-                                            for buf in [torch.zeros(size // dtype.itemsize, dtype=dtype)]]
+        bufs = [torch.zeros(size // dtype.itemsize, dtype=dtype) for size in SWEEP]
+        result[f"allreduce_{precision}"] = sweep([lambda buf=buf: dist.all_reduce(buf) for buf in bufs],
+                                                 from_last=True)
     result["allreduce"] = result["allreduce_fp32"]
     if rank == 0:
         write_atomic(out, json.dumps(result))

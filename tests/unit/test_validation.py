@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from real.testbed.calibration import SHARING_OFFSETS, fit_links, fit_sharing, simulate_collision
+from real.testbed.calibration import SHARING_OFFSETS, fit_links, fit_sharing, interleaved, simulate_collision
 from studies import validation
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.metrics import step_time_spread
@@ -309,6 +309,27 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
         cluster, _, values = validation.calibrate(validation.Config(scheme, world, "50Mbit/s", "mlp"), args)
         assert probed[-1] == hosts
         assert cluster.collective_latency == values["link_launch"] == launch
+
+
+def test_a_stall_of_the_machine_falls_on_one_timing_per_size_and_the_medians_discard_it():
+    # The link probe times every size in turns (real.testbed.calibration.interleaved): a stall lasting as
+    # many timings as a pass has sizes meets each size at most once, and a median of five or more timings
+    # discards one. Timed size by size, the same stall takes all of one size's timings, and its median.
+    from real.testbed.calibration import SMALL, SMALL_REPEATS, SWEEP
+
+    rounds = [5 * (SMALL_REPEATS if size <= SMALL else 1) for size in SWEEP]
+    shortest_pass = min(sum(r > i for r in rounds) for i in range(max(rounds)))
+    calls = sum(rounds) + len(rounds)  # the warm-ups come first
+    for length in range(1, shortest_pass + 1):
+        for first in range(calls - length + 1):
+            clock = iter(range(calls))
+
+            def stalled(k, clock=clock, first=first, length=length):
+                return 100.0 if first <= next(clock) < first + length else 1.0
+
+            times = interleaved(rounds, stalled)
+            assert [len(t) for t in times] == rounds
+            assert all(sorted(t)[len(t) // 2] == 1.0 for t in times), (length, first)
 
 
 def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_measured_step(monkeypatch, tmp_path):
