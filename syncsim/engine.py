@@ -164,10 +164,11 @@ class _Run:
 
     def _wait(self, w: int, step: int, action: WaitForClock, pending: list):
         yield from self._settle(w, step, pending)
-        # A clock wait is a request to the servers and their answer, a message each way: it ends one
-        # latency after the slowest worker's clock allows it, and never before a round trip. The
-        # latency is owed, like a pull's (see worker()). Recorded even when it takes no time, so
-        # the trace compares action by action with real runs.
+        # A clock wait the slowest clock last heard of (with the last pull or wake-up) already allows
+        # sends nothing. Otherwise it is a request to the servers and their answer, a message each
+        # way: it ends one latency after the slowest worker's clock allows it, and never before a
+        # round trip. The latency is owed, like a pull's (see worker()). Recorded even when it takes
+        # no time, so the trace compares action by action with real runs.
         servers = self.servers
         start = self.env.now
         if self.heard[w] >= servers.clock[w] - action.slack:  # type: ignore[union-attr]
