@@ -17,7 +17,7 @@ from syncsim.arguments import ArgumentParser, integer, number
 from syncsim.config import check_bool, check_choice, check_float, check_int
 from syncsim.files import check_out_dir
 from syncsim.limits import MAX_GPUS, RUN_BYTES_PER_RANK_STEP, check_memory
-from syncsim.schemes import Pull, Push, WaitForClock, parse
+from syncsim.schemes import parse
 
 __all__ = ["RunConfig", "MODELS", "DATA", "parser", "needs_servers"]
 
@@ -26,8 +26,6 @@ DATA = ("synthetic", "digits")
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 FAIL_MODES = ("crash", "hang")
-# Actions that talk to parameter-server ranks: a plan containing any of them needs servers.
-SERVER_ACTIONS = (Push, WaitForClock, Pull)
 MAX_TIMEOUT = 86400.0  # seconds: --timeout at most a day
 MAX_SLOW = 1000.0  # --slow factor: a rank 1000 times slower is already a hung one
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
@@ -37,12 +35,11 @@ SAMPLE_BYTES = 256 * 2**10
 
 
 def needs_servers(scheme, steps: int = 2) -> bool:
-    """Whether ``scheme`` (a spec string or a parsed Scheme) talks to parameter-server ranks: any of
-    SERVER_ACTIONS among the actions its plan emits over ``steps`` steps. Read off the plan, not the
-    scheme's type (the one rule of docs/architecture.md); which actions occur does not depend on the
-    model's size, so a nominal size stands in for it."""
+    """Whether ``scheme`` (a spec string or a parsed Scheme) talks to parameter-server ranks
+    (syncsim.schemes.Policy.needs_servers). Which actions occur does not depend on the model's size,
+    so a nominal size stands in for it."""
     spec = parse(scheme) if isinstance(scheme, str) else scheme
-    return any(isinstance(a, SERVER_ACTIONS) for a in spec.policy(4.0).actions(steps))
+    return spec.policy(4.0).needs_servers(steps)
 
 
 def _pairs(owner: str, value: str | tuple | list, kinds: tuple) -> tuple:

@@ -40,6 +40,7 @@ from real.models import param_layers
 from real.server import Client
 from real.trace import Recorder
 from syncsim.schemes import (
+    SERVER_ACTIONS,
     AllReduceGradients,
     AverageParameters,
     Compute,
@@ -117,7 +118,7 @@ class Executor:
                 warnings.simplefilter("ignore", UserWarning)
                 self.averager = PeriodicModelAverager(period=1, warmup_steps=0, process_group=self.group)
         self.client = None
-        if kinds & {Push, Pull, WaitForClock}:
+        if kinds.intersection(SERVER_ACTIONS):
             numel = sum(p.numel() for p in model.parameters())
             self.client = client if client is not None else Client(cfg.world, cfg.servers, numel, self.wire_dtype)
         self.handlers = {

@@ -80,8 +80,8 @@ class _Run:
         self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
         self.times = ComputeTimes(cluster, workload, seed)
         self.comm = Communicator(env, cluster, self.recorder, self.state)
-        needs_servers = bool(self.policy.action_types(steps) & {Push, Pull, WaitForClock})
-        self.servers = ServerGroup(env, cluster, self.recorder, self.state, seed) if needs_servers else None
+        uses_servers = self.policy.needs_servers(steps)
+        self.servers = ServerGroup(env, cluster, self.recorder, self.state, seed) if uses_servers else None
         self.heard = [0] * self.workers  # the slowest clock each worker last heard of from the servers
         self.step_end = np.zeros((steps, self.workers))
         self.handlers: dict[type, Callable] = {

@@ -6,6 +6,7 @@ simulator, the replay and the real executor all carry out the same plans.
 """
 
 from syncsim.schemes.actions import (
+    SERVER_ACTIONS,
     Action,
     AllReduceGradients,
     AverageParameters,
@@ -24,4 +25,5 @@ from syncsim.schemes.spec import PRECISIONS, SCHEMES, Scheme, parse
 __all__ = [
     "Scheme", "AllReduce", "ParameterServer", "LocalSGD", "parse", "SCHEMES", "PRECISIONS", "Policy",
     "Action", "Compute", "AllReduceGradients", "LocalUpdate", "AverageParameters", "Push", "WaitForClock", "Pull",
+    "SERVER_ACTIONS",
 ]

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Action", "Compute", "AllReduceGradients", "LocalUpdate", "AverageParameters",
-    "Push", "WaitForClock", "Pull",
+    "Push", "WaitForClock", "Pull", "SERVER_ACTIONS",
 ]
 
 
@@ -99,3 +99,8 @@ class WaitForClock(Action):
 class Pull(Action):
     nbytes: float
     kind = "pull"
+
+
+# The actions that talk to parameter servers: a plan with any of them needs server hosts (the
+# simulator's ServerGroup, the executor's client and server ranks).
+SERVER_ACTIONS = (Push, WaitForClock, Pull)

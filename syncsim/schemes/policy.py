@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from syncsim.schemes.actions import Action
+from syncsim.schemes.actions import SERVER_ACTIONS, Action
 
 __all__ = ["Policy"]
 
@@ -57,6 +57,11 @@ class Policy:
     def action_types(self, steps: int) -> set[type]:
         """Every kind of action the plan uses over ``steps`` steps (what an executor must set up)."""
         return {type(action) for action in self.actions(steps)}
+
+    def needs_servers(self, steps: int) -> bool:
+        """Whether the plan talks to parameter servers over ``steps`` steps (any of SERVER_ACTIONS): read off
+        the plan, not the scheme's type (the one rule of docs/architecture.md)."""
+        return any(issubclass(kind, SERVER_ACTIONS) for kind in self.action_types(steps))
 
     def wire_bytes(self, steps: int) -> float:
         """Payload bytes one worker sends over ``steps`` steps (collectives count the input size)."""
