@@ -523,19 +523,20 @@ def _compute_rank(out: str, model: str, batch_size: int, scheme: str, slow: floa
     dist.init_process_group("gloo")
     last = dist.get_rank() == dist.get_world_size() - 1
     mine = _time_worker_steps(model, batch_size, scheme, str(Path(out).parent), slow if last else 1.0)
-    gathered = [None] * dist.get_world_size()
+    processes = dist.get_world_size()
+    gathered = [None] * processes
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() == 0:
         slowed = gathered.pop() if slow > 1 else None  # the last rank's, as --slow slows a run's last worker
         steps = [t for g in gathered for t in g["steps"]]
         mean = statistics.fmean(steps)
-        result = {"model": model, "batch_size": batch_size, "processes": len(gathered), "scheme": scheme,
+        result = {"model": model, "batch_size": batch_size, "processes": processes, "scheme": scheme,
                   "compute_time": mean, "jitter": statistics.pstdev(steps) / mean,
                   "backward_fraction": statistics.fmean(t for g in gathered for t in g["backward"]) / mean,
                   "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
                   "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"]}
         if slowed is not None:
-            result |= {"processes": len(gathered) + 1, "slow": slow, "slowed_time": statistics.fmean(slowed["steps"])}
+            result |= {"slow": slow, "slowed_time": statistics.fmean(slowed["steps"])}
         write_atomic(out, json.dumps(result, indent=1))
     dist.destroy_process_group()
 

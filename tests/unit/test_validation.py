@@ -15,6 +15,10 @@ from syncsim import Cluster, Link, Workload, simulate
 from syncsim.metrics import step_time_spread
 from syncsim.schemes import parse
 
+# What a compute probe reports (real.testbed.calibration.measure_compute), for calibrations with faked probes.
+FAKE_COMPUTE = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
+                "layers": [1000, 2000]}
+
 
 def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
     configs = validation.grid()
@@ -298,10 +302,8 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
         return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0}, "allreduce_fp32": fit,
                                           "allreduce_fp16": fit}}
 
-    compute = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
-               "layers": [1000, 2000]}
     monkeypatch.setattr("real.testbed.calibration.measure_link", measure_link)
-    monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: compute)
+    monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
     monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     for scheme, world, hosts, launch in (("allreduce", 4, 4, 3e-3), ("localsgd:period=4", 2, 2, 3e-3),
@@ -336,12 +338,10 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
     # The slowed worker's speed factor is the others' compute over the slowed rank's, both measured by one
     # probe whose last rank is slowed as the run's last worker is (not derived from the forward time).
     asked = []
-    compute = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
-               "layers": [1000, 2000]}
 
     def measure_compute(model, batch_size, processes, folder, scheme, slow):
         asked.append((processes, slow))
-        return compute | ({"slowed_time": 7e-3} if slow > 1 else {})
+        return FAKE_COMPUTE | ({"slowed_time": 7e-3} if slow > 1 else {})
 
     fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
     monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, **k: {
