@@ -43,7 +43,7 @@ from syncsim.arguments import ArgumentParser, check_count, fail, integer
 from syncsim.files import check_out_file
 from syncsim.limits import MAX_GPUS, check_memory
 
-__all__ = ["main", "fit_linear", "link_fits", "measure_compute"]
+__all__ = ["main", "fit_linear", "fit_theil_sen", "link_fits", "measure_compute"]
 
 MAX_REPEATS = 10_000  # repeats per message size: 64 MiB messages 10,000 times is hours already
 
@@ -58,6 +58,27 @@ def fit_linear(n: np.ndarray, t: np.ndarray) -> tuple[float, float, float, list[
     pred = a + b * n
     r2 = 1.0 - float(np.sum((t - pred) ** 2) / np.sum((t - t.mean()) ** 2))
     return float(a), float(b), r2, [float(x) for x in (t - pred) / t]
+
+
+def fit_theil_sen(n: np.ndarray, t: np.ndarray) -> tuple[float, float, float, list[float]]:
+    """Theil-Sen line t ≈ a + b·n through individual timings; (a, b, R², relative residuals).
+
+    b is the median of the slopes between every two timings of different sizes, a the median of
+    t − b·n (Sen 1968, Theil 1950). A timing that a stall of the machine inflated moves a least-squares
+    line through every timing, and a median of a size's few timings when the stall took most of them;
+    the pairwise median stays on the line as long as more than half of the pairs join undisturbed
+    timings. Needs timings of at least two sizes."""
+    n, t = np.asarray(n, dtype=float), np.asarray(t, dtype=float)
+    i, j = np.triu_indices(len(n), 1)
+    apart = n[i] != n[j]
+    if not apart.any():
+        raise ValueError(f"fit_theil_sen needs timings of at least two sizes, got sizes {sorted(set(n.tolist()))}")
+    b = float(np.median((t[j] - t[i])[apart] / (n[j] - n[i])[apart]))
+    a = float(np.median(t - b * n))
+    pred = a + b * n
+    spread = float(np.sum((t - t.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((t - pred) ** 2)) / spread if spread > 0 else 1.0
+    return a, b, r2, [float(x) for x in (t - pred) / t]
 
 
 def link_fits(probe_result: dict, min_bytes: float = 0.0) -> dict:

@@ -50,7 +50,7 @@ WIRE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # all-reduce 
 COMPUTE_STEPS, COMPUTE_SECONDS, COMPUTE_WARMUP, MAX_COMPUTE_STEPS = 40, 2.0, 5, 20_000
 SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
 BURSTS_FOR_RATE = 2  # messages this many tbf buckets long or more time the link's sustained rate
-RATE_WINDOW = 2.0  # given the run's message size, the rate is fitted over probe messages within this factor of it
+RATE_WINDOW = 4.0  # given the run's message size, the line is fitted through probe messages within this factor of it
 # The sharing probe's second transfer starts these fractions of a lone transfer after the first: at once (a
 # synchronous round's pulls) and part-way through (a push arriving while another is on the link).
 SHARING_OFFSETS = (0.0, 0.25, 0.5)
@@ -123,22 +123,28 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
     The all-reduce is fitted at each wire precision the probe timed: its rate includes the
     reduction arithmetic, which on CPUs costs as much per byte as the link for fp16.
 
-    Given ``message_bytes`` (what a run sends at once: the gradient at the wire precision), each B is
-    fitted over the probe's messages within a factor RATE_WINDOW of it, as nccl-tests' bus bandwidth
-    is read at the size of interest: TCP through a shaper need not reach one rate at every size (at
-    50 Mbit/s a two-host all-reduce ran at 5.1 MB/s at 407 kB and 4.4 MB/s at 4 MiB). Fewer than two
-    messages in the window, or a slope there that is not positive, and the fit uses every large one.
-    A collective's L is then what the closed form leaves of the time measured at that size
-    (interpolated between the probe's sizes around it), so that the form passes through it. Without
-    a size, or beyond the probe's, L is what its hops leave of the small messages' time. On this
-    machine a gloo all-reduce of up to half a megabyte over four hosts costs about the same 6-9 ms
-    whatever its size (its ranks' threads wait for two cores), and its time rises by the link's rate
-    only beyond: no single α and B fit both, and the run's own size is the one that matters. The
-    probe's all-reduces run over the run's own number of hosts (measure_link).
+    Given ``message_bytes`` (what a run sends at once: the gradient at the wire precision), each line is
+    fitted through every timing of the probe's messages of at least BURSTS_FOR_RATE buckets within a
+    factor RATE_WINDOW of it, as nccl-tests' bus bandwidth is read at the size of interest: TCP through a
+    shaper need not reach one rate at every size (at 50 Mbit/s a two-host all-reduce ran at 5.1 MB/s at
+    407 kB and 4.4 MB/s at 4 MiB). That line is Theil-Sen's (real.calibrate.fit_theil_sen), not a
+    least-squares one through the sizes' medians: on this machine single timings stall, and a median of
+    five did not hold when a stall took three (a four-host all-reduce at 1 Gbit/s timed 512 KiB at 7.3,
+    12.0, 23.5, 23.9 and 26.0 ms, and 1 MiB at 13.5-16.7 ms; the medians' slope over a factor 2 made it a
+    23 MB/s link, and the run's 407 kB all-reduces took 11 ms where that fit said 23 ms). The window spans
+    a factor 4 each way so that it holds three or four of the probe's sizes. Fewer than two sizes in the
+    window, or a slope there that is not positive, and the rate is fitted over every large message
+    and the time at the run's size interpolated between the medians of the sizes around it.
+    A collective's L is then what the closed form leaves of the line's time at the run's size, so that
+    the form passes through it. Without a size, or beyond the probe's, L is what its hops leave of the
+    small messages' time. On this machine a gloo all-reduce of up to half a megabyte over four hosts
+    costs about the same 6-9 ms whatever its size (its ranks' threads wait for two cores), and its time
+    rises by the link's rate only beyond: no single α and B fit every size, and the run's own size is the
+    one that matters. The probe's all-reduces run over the run's own number of hosts (measure_link).
     """
     import numpy as np
 
-    from real.calibrate import fit_linear
+    from real.calibrate import fit_linear, fit_theil_sen
 
     p = probe["world"]
     fits = {}
@@ -147,24 +153,33 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
     for name, messages, scale in curves:  # scale: bytes each rank sends per byte of input
         rows = probe[name]
         n, t = (np.array([row[i] for row in rows], dtype=float) for i in (0, 1))
+        timings = [row[2] if len(row) > 2 else [row[1]] for row in rows]  # every timing of each size
         large = n * scale >= BURSTS_FOR_RATE * burst
         intercept, slope, r2, residuals = fit_linear(n[large], t[large])
+        at_size = None  # the time the robust line gives at the run's size
         if message_bytes is not None:
             near = large & (n >= message_bytes / RATE_WINDOW) & (n <= message_bytes * RATE_WINDOW)
-            if near.sum() >= 2 and (fit := fit_linear(n[near], t[near]))[1] > 0:
-                large, (intercept, slope, r2, residuals) = near, fit
+            if near.sum() >= 2:
+                each_n = np.array([size for size, keep, times in zip(n, near, timings) if keep for _ in times])
+                each_t = np.array([x for keep, times in zip(near, timings) if keep for x in times], dtype=float)
+                fit = fit_theil_sen(each_n, each_t)
+                if fit[1] > 0:
+                    large, (intercept, slope, r2, residuals) = near, fit
+                    if n.min() <= message_bytes <= n.max():
+                        at_size = intercept + slope * message_bytes
         small = n * scale <= max(burst / 2, (n * scale).min())
         # the median of every timing of the small messages: a stall of the shared machine moves a mean
-        samples = [x for row, keep in zip(rows, small) if keep for x in (row[2] if len(row) > 2 else [row[1]])]
+        samples = [x for times, keep in zip(timings, small) if keep for x in times]
         small_time = float(np.median(samples))
         bandwidth = scale / slope
         # a collective's hops are small messages' one-way latencies (the ping-pong's α: the same veths)
         alpha = small_time if name == "pingpong" else fits["pingpong"]["alpha"]
         launch, launch_from = max(small_time - messages * alpha, 0.0), "small messages"
-        if name != "pingpong" and message_bytes is not None and n.min() <= message_bytes <= n.max():
-            # what the closed form leaves of the time measured at the run's size (interpolated
-            # between the sizes around it) is the launch, so that the form passes through it
+        if at_size is None and message_bytes is not None and n.min() <= message_bytes <= n.max():
             at_size = float(np.interp(message_bytes, n, t))
+        if name != "pingpong" and at_size is not None:
+            # what the closed form leaves of the time at the run's size is the launch, so that the
+            # form passes through it
             launch = max(at_size - messages * alpha - max(0.0, scale * message_bytes - burst) / bandwidth, 0.0)
             launch_from = "run's size"
         fits[name] = {"alpha": alpha, "launch": launch, "launch_from": launch_from, "bandwidth": bandwidth,

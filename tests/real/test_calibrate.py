@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from real.calibrate import fit_linear
+from real.calibrate import fit_linear, fit_theil_sen
 from syncsim.cluster import Cluster
 from syncsim.workload import Workload
 from tests.real.conftest import run_cli
@@ -18,6 +18,24 @@ def test_fit_recovers_alpha_and_beta():
     a, b, r2, res = fit_linear(n, 50e-6 + n / 2e9)
     assert a == pytest.approx(50e-6) and 1 / b == pytest.approx(2e9) and r2 == pytest.approx(1.0)
     assert max(map(abs, res)) < 1e-9
+
+
+def test_theil_sen_keeps_the_line_when_a_minority_of_pairs_is_disturbed():
+    # Basis (Sen 1968): the slope is the median of pairwise slopes, so it is the true one whenever more
+    # than half of the pairs of different sizes join undisturbed timings; the intercept is the median of
+    # t - b n, true whenever more than half of the timings are undisturbed. Four sizes, five timings each,
+    # two stalls at one size and one at another: 107 of the 150 pairs of different sizes are clean.
+    sizes = np.repeat([2.0**18, 2.0**19, 2.0**20, 2.0**21], 5)
+    t = 2e-3 + sizes / 110e6
+    stalled = t.copy()
+    stalled[[5, 7, 12]] += 20e-3
+    a, b, r2, res = fit_theil_sen(sizes, stalled)
+    assert a == pytest.approx(2e-3, rel=1e-9) and 1 / b == pytest.approx(110e6, rel=1e-9)
+    assert sorted(i for i, r in enumerate(res) if abs(r) > 1e-9) == [5, 7, 12]  # only the stalls are off the line
+    assert fit_linear(sizes, stalled)[1] != pytest.approx(b, rel=1e-3)  # least squares is pulled by them
+    assert fit_theil_sen(sizes, t)[2] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="at least two sizes"):
+        fit_theil_sen(np.full(5, 2.0**19), t[:5])
 
 
 @pytest.mark.distributed
