@@ -189,7 +189,8 @@ def calibrate(config: Config, args: argparse.Namespace):
                                   jitter=compute["jitter"], collective_latency=sent["launch"], name="testbed")
     workload = Workload(param_bytes=sum(compute["layers"]), layers=tuple(compute["layers"]),
                         compute_time=compute["compute_time"], batch_size=args.batch_size,
-                        backward_fraction=compute["backward_fraction"], name=config.model)
+                        backward_fraction=compute["backward_fraction"], idle_cost=compute["idle_cost"],
+                        name=config.model)
     values = {"compute_time": workload.compute_time, "jitter": cluster.jitter, "link_bandwidth": link.bandwidth,
               "link_alpha": link.latency, "link_launch": cluster.collective_latency,
               "server_bandwidth": server_link.bandwidth,

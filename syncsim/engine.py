@@ -7,7 +7,9 @@ Compute is taken lazily: a ``Compute`` action only notes when the worker's
 gradient will be ready. The next action decides how to wait for it: a
 collective folds the compute into its own schedule (overlapping buckets with
 backward), anything else waits until the compute has finished. This keeps a
-synchronous step at one scheduled event for all W workers instead of W.
+synchronous step at one scheduled event for all W workers instead of W. A
+compute that starts after its worker sat idle since its last one (waiting for
+the network) lasts ``Workload.idle_extra`` of that idle time longer.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class _Run:
         self.state = _ModelState(self.workers, self.recorder)
         self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
         self.times = ComputeTimes(cluster, workload, seed)
+        self.idle_extra = workload.idle_extra if workload.idle_cost else None
         self.comm = Communicator(env, cluster, self.recorder, self.state)
         uses_servers = self.policy.needs_servers(steps)
         self.servers = ServerGroup(env, cluster, self.recorder, self.state, seed) if uses_servers else None
@@ -97,12 +100,17 @@ class _Run:
     # delays the start of the next compute. Uncontended, both equal alpha + n/B.
     def worker(self, w: int):
         plan, steps, handlers, step_end, env = self.policy.plan, self.steps, self.handlers, self.step_end, self.env
-        times = self.times
+        times, idle_extra = self.times, self.idle_extra
         pending = [0.0, 0.0, False, 0.0]
+        computed = None  # when this worker's last compute ended
         for step in range(steps):
             for action in plan(step, steps):
                 if type(action) is Compute:
-                    pending[0], pending[1], pending[2], pending[3] = env.now + pending[3], times(step, w), True, 0.0
+                    start, duration = env.now + pending[3], times(step, w)
+                    if idle_extra is not None and computed is not None and start > computed:
+                        duration += idle_extra(start - computed)  # it idled since (Workload.idle_cost)
+                    pending[0], pending[1], pending[2], pending[3] = start, duration, True, 0.0
+                    computed = start + duration
                     continue
                 wait = handlers[type(action)](w, step, action, pending)
                 if wait is not None:  # a single event, or a generator of several

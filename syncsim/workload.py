@@ -5,10 +5,19 @@ samples on one nominal GPU; ``backward_fraction`` of it is the backward pass,
 which is when gradient buckets become ready for overlapped all-reduce.
 ``layers`` lists parameter bytes per layer in forward order, so buckets can be
 formed as DDP does (in reverse order, as gradients appear during backward).
+``idle_cost`` is what a step computes longer when its worker sat idle before it
+(waiting for the network): a processor that idled starts again with cold caches
+and a lowered clock. Measured on this project's 2-core testbed machine, the small
+model's step of 0.45 ms took 1.04 ms after 5 ms idle and 1.56 ms after 20 ms, and
+LeNet's 13.0 ms step 14.7 ms after 5 ms (real.testbed.calibration measures the
+curve for each configuration). GPUs drop their clocks when idle too; a workload
+calibrated back to back leaves it out (the default, no cost).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -41,6 +50,10 @@ class Workload(ConfigFile):
     layers: tuple[float, ...] | None = None
     """Parameter bytes per layer, forward order; must sum to ``param_bytes``."""
     backward_fraction: float = DEFAULT_BACKWARD_FRACTION
+    idle_cost: tuple[tuple[float, float], ...] = ()
+    """(idle seconds, extra compute seconds) points, idle strictly increasing: a step that starts after its
+    worker idled g seconds computes ``idle_extra(g)`` longer (linear from (0, 0) through the points, the
+    last point's extra beyond it). Empty: no cost."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +83,18 @@ class Workload(ConfigFile):
         object.__setattr__(self, "batch_size", check_int(owner, "batch_size", self.batch_size, 1))
         object.__setattr__(self, "backward_fraction",
                            check_float(owner, "backward_fraction", self.backward_fraction, low=0.0, high=1.0))
+        object.__setattr__(self, "idle_cost", _check_idle_cost(self.idle_cost))
+
+    def idle_extra(self, idle: float) -> float:
+        """Extra compute seconds of a step that starts after its worker idled ``idle`` seconds (idle_cost)."""
+        points = self.idle_cost
+        if not points or idle <= 0:
+            return 0.0
+        i = bisect.bisect_left(points, (idle,))
+        if i == len(points):
+            return points[-1][1]
+        (g0, e0), (g1, e1) = ((0.0, 0.0) if i == 0 else points[i - 1]), points[i]
+        return e0 + (e1 - e0) * (idle - g0) / (g1 - g0)
 
     @property
     def params(self) -> int:
@@ -131,6 +156,27 @@ class Workload(ConfigFile):
 # -- presets --------------------------------------------------------------------
 # Reference GPU: NVIDIA A100, 312 TFLOP/s dense bf16/fp16 (A100 datasheet).
 A100_PEAK_FLOPS = 312e12
+
+
+def _check_idle_cost(points: Any) -> tuple[tuple[float, float], ...]:
+    if isinstance(points, (str, bytes)) or not hasattr(points, "__iter__"):
+        raise ValueError(f"Workload.idle_cost must be a sequence of (idle seconds, extra seconds) pairs, "
+                         f"got {points!r}")
+    checked: list[tuple[float, float]] = []
+    for i, pair in enumerate(points):
+        try:
+            idle, extra = (float(x) for x in pair)
+        except (TypeError, ValueError):
+            raise ValueError(f"Workload.idle_cost[{i}] must be a pair (idle seconds, extra seconds), "
+                             f"got {pair!r}") from None
+        if not (math.isfinite(idle) and idle > 0):
+            raise ValueError(f"Workload.idle_cost[{i}]: idle must be a positive number of seconds, got {idle!r}")
+        if not (math.isfinite(extra) and extra >= 0):
+            raise ValueError(f"Workload.idle_cost[{i}]: extra must be a non-negative number of seconds, got {extra!r}")
+        if checked and idle <= checked[-1][0]:
+            raise ValueError(f"Workload.idle_cost: idle times must increase, got {checked[-1][0]!r} then {idle!r}")
+        checked.append((idle, extra))
+    return tuple(checked)
 
 
 def estimate_step_time(train_flops_per_sample: float, batch_size: int, mfu: float,

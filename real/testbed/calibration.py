@@ -18,11 +18,15 @@ Every number the simulator is given is measured here, on this machine, and has a
   that sends nothing (FreeNetwork), so everything but the communication the link fits price. The mean
   over ranks and steps is the workload's compute time, its coefficient of variation the cluster's
   jitter, and the backward's share of the step the workload's backward_fraction (when DDP's buckets
-  become ready). For a run with a straggler the probe's last rank is slowed as ``--slow RANK:F``
-  slows the run's last worker (real.executor: a sleep of (F-1) x 3 x its forward time between forward
-  and backward), and its step is reported apart (``slowed_time``): it sets that worker's speed factor
-  in the simulator, measured rather than derived, since compute right after a sleep is slower than
-  back to back.
+  become ready). Then the ranks time steps that each follow an idle gap of IDLE_GAPS: how much longer
+  those take is the workload's idle_cost, which the simulator adds to a step whose worker idled before
+  it (waiting for the network). On this machine it is most of a small step: the small model's
+  0.45 ms step took 1.04 ms after 5 ms idle, so one worker of a parameter server computed 1.1 ms a step
+  in runs where the back-to-back probe said 0.67 ms. For a run with a straggler the probe's last rank
+  is slowed as ``--slow RANK:F`` slows the run's last worker (real.executor: a sleep of (F-1) x 3 x its
+  forward time between forward and backward), and its step is reported apart (``slowed_time``): it sets
+  that worker's speed factor in the simulator, measured rather than derived, since compute right after
+  a sleep is slower than back to back (the same effect as the idle cost's).
 
 Results are cached as JSON under the calibration folder, so a resumed study measures nothing twice.
 ``python -m real.testbed.calibration --probe|--compute ...`` is what the ranks run.
@@ -48,6 +52,10 @@ WIRE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # all-reduce 
 # Each rank times at least COMPUTE_STEPS steps and COMPUTE_SECONDS of them (after COMPUTE_WARMUP): on a shared
 # machine a 0.5 ms step timed 40 times is 20 ms of measurement, which one burst of another process can fill.
 COMPUTE_STEPS, COMPUTE_SECONDS, COMPUTE_WARMUP, MAX_COMPUTE_STEPS = 40, 2.0, 5, 20_000
+# After the back-to-back steps the probe times IDLE_STEPS steps after each of IDLE_GAPS seconds idle: a run's
+# worker waits for the network between steps, and on this machine a step after an idle gap computes longer
+# (the small model: 0.45 ms back to back, 0.63 ms after 2 ms idle, 1.04 ms after 5 ms, 1.56 ms after 20 ms).
+IDLE_GAPS, IDLE_STEPS = (2e-3, 8e-3, 30e-3), 15
 SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
 BURSTS_FOR_RATE = 2  # messages this many tbf buckets long or more time the link's sustained rate
 RATE_WINDOW = 4.0  # given the run's message size, the line is fitted through probe messages within this factor of it
@@ -62,9 +70,13 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in str(text)).strip("-")
 
 
-def _cached(path: Path, measure) -> dict:
+def _cached(path: Path, measure, needs: tuple[str, ...] = ()) -> dict:
+    """The result cached at ``path``, or ``measure()``'s, cached; a cached result without any of ``needs``
+    (measured before this project recorded them) is measured again."""
     if path.exists():
-        return json.loads(path.read_text())
+        cached = json.loads(path.read_text())
+        if all(key in cached for key in needs):
+            return cached
     result = measure()
     write_atomic(path, json.dumps(result, indent=1))
     return result
@@ -284,7 +296,8 @@ def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float
 def measure_compute(model: str, batch_size: int, processes: int, folder: Path, scheme: str = "allreduce",
                     slow: float = 1.0) -> dict:
     """``processes`` ranks timing the executor's step of ``scheme`` without its communication at once;
-    compute_time, jitter, backward_fraction, forward_time, layers. With ``slow`` > 1 the last rank is
+    compute_time, jitter, backward_fraction, forward_time, layers, and idle_cost (how much longer steps
+    take after each of IDLE_GAPS idle, syncsim's Workload.idle_cost). With ``slow`` > 1 the last rank is
     slowed as ``--slow`` slows a run's last worker, and ``slowed_time`` is its step (the others make the
     rest)."""
     from real.config import MAX_SLOW
@@ -308,7 +321,7 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
                                                             str(slow)])
         return json.loads(out.read_text())
 
-    return _cached(folder / f"{name}.json", measure)
+    return _cached(folder / f"{name}.json", measure, needs=("idle_cost",))
 
 
 # -- what the ranks run -------------------------------------------------------------
@@ -502,7 +515,8 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
 
     pushes = needs_servers(scheme)
     cfg = RunConfig(scheme=scheme, world=1, servers=int(pushes), model=model_name, batch_size=batch_size,
-                    steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS, out=folder, slow=((0, slow),) if slow > 1 else ())
+                    steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS + len(IDLE_GAPS) * IDLE_STEPS, out=folder,
+                    slow=((0, slow),) if slow > 1 else ())
     rank, world = dist.get_rank(), dist.get_world_size()
     own = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group, in order
     model, data = build(cfg.model, cfg.seed), load(cfg.data, cfg.seed)  # as real.worker builds them
@@ -511,7 +525,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     steps, forward, backward = [], [], []
     dist.barrier()  # every rank starts at once: they share the cores as a run's ranks do
     timed = 0.0
-    for step in range(cfg.steps):
+    for step in range(COMPUTE_WARMUP + MAX_COMPUTE_STEPS):
         if step >= COMPUTE_WARMUP + COMPUTE_STEPS and timed >= COMPUTE_SECONDS:
             break
         t0 = time.perf_counter()
@@ -522,6 +536,19 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
             steps.append(elapsed)
             forward.append(executor.forward_time)  # what real.executor times to size a --slow rank's extra wait
             backward.append(executor.backward_time)
+    # Then steps that each follow an idle gap, as a run's steps follow the worker's wait for the network
+    # (the ranks idle together, as they computed together).
+    dist.barrier()
+    after_idle = []
+    for gap in IDLE_GAPS:
+        timings = []
+        for _ in range(IDLE_STEPS):
+            step += 1
+            time.sleep(gap)
+            t0 = time.perf_counter()
+            executor.run_step(step)
+            timings.append(time.perf_counter() - t0)
+        after_idle.append(timings)
     layers = list(param_layers(model))
     # The executor refers to itself (its handlers), so only the collector frees it and the DDP module and
     # averager holding this rank's group: now, before the groups are destroyed. Left to the interpreter's
@@ -529,7 +556,16 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     # without an active exception": 4 of 36 probes of a grid).
     del executor, client
     gc.collect()
-    return {"steps": steps, "forward": forward, "backward": backward, "layers": layers}
+    return {"steps": steps, "forward": forward, "backward": backward, "layers": layers, "after_idle": after_idle}
+
+
+def idle_cost(back_to_back: float, after_idle: list[list[float]]) -> list[tuple[float, float]]:
+    """syncsim's Workload.idle_cost from the compute probe: for each of IDLE_GAPS, how much longer the
+    steps that followed that gap took than the ``back_to_back`` mean (none shorter)."""
+    if len(after_idle) != len(IDLE_GAPS) or not all(after_idle):
+        raise ValueError(f"idle_cost needs timings after each of {len(IDLE_GAPS)} gaps, got {len(after_idle)} lists "
+                         f"of {[len(t) for t in after_idle]}")
+    return [(gap, max(0.0, statistics.fmean(times) - back_to_back)) for gap, times in zip(IDLE_GAPS, after_idle)]
 
 
 def _compute_rank(out: str, model: str, batch_size: int, scheme: str, slow: float = 1.0) -> None:
@@ -549,7 +585,9 @@ def _compute_rank(out: str, model: str, batch_size: int, scheme: str, slow: floa
                   "compute_time": mean, "jitter": statistics.pstdev(steps) / mean,
                   "backward_fraction": statistics.fmean(t for g in gathered for t in g["backward"]) / mean,
                   "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
-                  "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"]}
+                  "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"],
+                  "idle_cost": idle_cost(mean, [[t for g in gathered for t in g["after_idle"][i]]
+                                                for i in range(len(IDLE_GAPS))])}
         if slowed is not None:
             result |= {"slow": slow, "slowed_time": statistics.fmean(slowed["steps"])}
         write_atomic(out, json.dumps(result, indent=1))

@@ -112,3 +112,33 @@ def test_simulate_rejects(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         simulate(**args)
+
+
+@given(configs(noisy=False), st.lists(st.tuples(st.floats(1e-4, 0.5), st.floats(0, 0.05)), min_size=1, max_size=4,
+                                      unique_by=lambda point: point[0]))
+def test_a_compute_lasts_its_idle_cost_longer_after_its_worker_idled(config, points):
+    # Workload.idle_cost's definition: a compute that starts g seconds after its worker's previous compute
+    # ended lasts idle_extra(g) longer (none for a worker's first); noise-free, every compute is otherwise
+    # compute_time, so each compute row of the trace is compute_time + idle_extra(its gap), whatever the scheme.
+    cluster, workload, scheme, steps, seed = config
+    workload = replace(workload, idle_cost=tuple(sorted(points)))
+    trace = simulate(cluster, workload, scheme, steps=steps, seed=seed).trace
+    for _, rows in trace[trace.kind == "compute"].sort_values("start").groupby("worker"):
+        starts, ends = rows.start.to_numpy(), rows.end.to_numpy()
+        gaps = np.concatenate([[0.0], starts[1:] - ends[:-1]])
+        expected = [workload.compute_time + workload.idle_extra(g) for g in gaps]
+        assert ends - starts == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_one_parameter_server_worker_s_step_grows_by_the_idle_cost_of_its_wait():
+    # One worker of a synchronous parameter server computes, pushes, waits and pulls: noise-free its step
+    # is T0 = compute + communication. Its next compute starts T0 - compute after the last ended, so with
+    # an idle cost its step is T0 + idle_extra(T0 - compute), step after step (a closed form).
+    cluster = Cluster.homogeneous(gpus=1, link=Link("50MB/s", "300us"), servers=1)
+    plain = Workload(param_bytes="400kB", compute_time="1ms")
+    idle = replace(plain, idle_cost=((2e-3, 0.2e-3), (8e-3, 0.6e-3), (30e-3, 1.0e-3)))
+    t0 = simulate(cluster, plain, "ps", steps=20).steady.step_time
+    waited = t0 - plain.compute_time
+    assert 8e-3 < waited < 30e-3  # between two points: the interpolation is what is checked
+    expected = t0 + 0.6e-3 + (1.0e-3 - 0.6e-3) * (waited - 8e-3) / (30e-3 - 8e-3)
+    assert simulate(cluster, idle, "ps", steps=20).steady.step_time == pytest.approx(expected, rel=1e-9)

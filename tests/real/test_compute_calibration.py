@@ -55,10 +55,11 @@ def _rank(rank: int, port: int, folder: str) -> None:
         plain = calibration._time_worker_steps("mlp", 32, scheme, folder)
         Recorder.span, calls["n"] = slow_span, 0
         slowed = calibration._time_worker_steps("mlp", 32, scheme, folder)
-        steps = calibration.COMPUTE_WARMUP + len(slowed["steps"])
+        steps = calibration.COMPUTE_WARMUP + len(slowed["steps"]) + sum(map(len, slowed["after_idle"]))
         results[scheme] = {"plain": statistics.fmean(plain["steps"]), "slowed": statistics.fmean(slowed["steps"]),
                            "spans_per_step": calls["n"] / steps, "forward": statistics.fmean(plain["forward"]),
-                           "backward": statistics.fmean(plain["backward"]), "layers": plain["layers"]}
+                           "backward": statistics.fmean(plain["backward"]), "layers": plain["layers"],
+                           "after_idle": plain["after_idle"]}
     Recorder.span = span
     straggler = calibration._time_worker_steps("mlp", 32, "allreduce", folder, slow=SLOW)
     results["straggler"] = {k: straggler[k] for k in ("steps", "forward", "backward")}
@@ -76,6 +77,7 @@ def test_the_compute_probe_times_the_executor_s_own_step_bookkeeping_included(tm
     # and backward (real.executor), so each of its steps holds its forward, that sleep and a backward:
     # the slowed step studies.validation gives the simulator is measured with the sleep in it.
     from real.executor import COMPUTE_PER_FORWARD
+    from real.testbed import calibration
 
     factor = (SLOW - 1) * COMPUTE_PER_FORWARD
     for step, forward, backward in zip(straggler["steps"], straggler["forward"], straggler["backward"]):
@@ -89,6 +91,10 @@ def test_the_compute_probe_times_the_executor_s_own_step_bookkeeping_included(tm
         # the forward and the backward are parts of the step, each measured
         assert 0 < r["forward"] and 0 < r["backward"] and r["forward"] + r["backward"] < r["plain"], (scheme, r)
         assert sum(r["layers"]) == 101_770 * 4  # the small model's parameters, fp32 bytes
+        # then IDLE_STEPS steps after each of IDLE_GAPS idle, each holding the step's work and not the gap
+        # (a step with the planted delays lasts more than 2 ms; the 30 ms gap is left out of its timing)
+        assert [len(t) for t in r["after_idle"]] == [calibration.IDLE_STEPS] * len(calibration.IDLE_GAPS)
+        assert all(0 < t < calibration.IDLE_GAPS[-1] for times in r["after_idle"] for t in times), (scheme, r)
 
 
 def test_free_network_does_the_worker_s_tensor_work_and_sends_nothing():

@@ -69,7 +69,10 @@ TARGETS = {
     "Workload": (Workload, dict(param_bytes="1MiB", compute_time="1ms"), {
         "param_bytes": bad_units(SIZE, high=MAX_PARAM_BYTES), "compute_time": bad_units(TIME),
         "batch_size": bad_counts(1), "backward_fraction": bad_reals(0.0, 1.0),
-        "layers": st.one_of(st.just(()), st.lists(bad_units(SIZE), min_size=1, max_size=3))}),
+        "layers": st.one_of(st.just(()), st.lists(bad_units(SIZE), min_size=1, max_size=3)),
+        "idle_cost": st.sampled_from(["1ms", 5, None, [(0, 1e-3)], [(1e-3, -1e-3)], [(2e-3, 0), (1e-3, 0)],
+                                      [(2e-3, 0), (2e-3, 0)], [(float("nan"), 0)], [(1e-3, float("inf"))],
+                                      [(1e-3,)], [("a", 1)], [1e-3]])}),
     "simulate": (call_simulate, {}, {"steps": st.one_of(bad_counts(1), st.integers(10**9, 10**20)),
                                      "seed": bad_counts(0)}),
     "AllReduce": (AllReduce, {}, {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,7 @@ from syncsim.schemes import parse
 
 # What a compute probe reports (real.testbed.calibration.measure_compute), for calibrations with faked probes.
 FAKE_COMPUTE = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
-                "layers": [1000, 2000]}
+                "layers": [1000, 2000], "idle_cost": [[2e-3, 1e-4], [8e-3, 4e-4], [30e-3, 5e-4]]}
 
 
 def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
@@ -372,6 +373,7 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
     cluster, workload, _ = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args)
     assert asked == [(3, 3.0)]
     assert cluster.speed == pytest.approx((1.0, 1.0, 2e-3 / 7e-3)) and workload.compute_time == 2e-3
+    assert workload.idle_cost == ((2e-3, 1e-4), (8e-3, 4e-4), (30e-3, 5e-4))  # the probe's, as measured
     cluster, _, _ = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp"), args)
     assert asked[-1] == (3, 1.0) and cluster.speed is None  # every worker at nominal speed
 
@@ -379,9 +381,12 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
 def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeypatch, tmp_path):
     from real.testbed import calibration
 
-    ranks = [{"steps": [1e-3, 3e-3], "forward": [2e-4, 2e-4], "backward": [6e-4, 6e-4], "layers": [8]},
-             {"steps": [2e-3, 2e-3], "forward": [4e-4, 4e-4], "backward": [1e-3, 1e-3], "layers": [8]},
-             {"steps": [9e-3, 11e-3], "forward": [3e-4, 3e-4], "backward": [9e-3, 9e-3], "layers": [8]}]
+    ranks = [{"steps": [1e-3, 3e-3], "forward": [2e-4, 2e-4], "backward": [6e-4, 6e-4], "layers": [8],
+              "after_idle": [[2e-3, 3e-3], [3e-3, 3e-3], [1e-3, 1e-3]]},
+             {"steps": [2e-3, 2e-3], "forward": [4e-4, 4e-4], "backward": [1e-3, 1e-3], "layers": [8],
+              "after_idle": [[2e-3, 3e-3], [4e-3, 4e-3], [1e-3, 1e-3]]},
+             {"steps": [9e-3, 11e-3], "forward": [3e-4, 3e-4], "backward": [9e-3, 9e-3], "layers": [8],
+              "after_idle": [[50e-3], [50e-3], [50e-3]]}]
     given = []
 
     def time_steps(model, batch_size, scheme, folder, slow):
@@ -407,6 +412,41 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
     assert result["slowed_time"] == pytest.approx(10e-3)  # the last rank's mean step
     assert result["compute_time"] == pytest.approx(2e-3) and result["forward_time"] == pytest.approx(3e-4)
     assert result["per_rank"] == pytest.approx([2e-3, 2e-3])
+    # the idle cost is the unslowed ranks' mean step after each gap less their back-to-back mean (2 ms),
+    # none below zero; the slowed rank's steps are left out of it as out of compute_time
+    gaps = [gap for gap, _ in result["idle_cost"]]
+    assert gaps == list(calibration.IDLE_GAPS)
+    assert [extra for _, extra in result["idle_cost"]] == pytest.approx([0.5e-3, 1.5e-3, 0.0])
+
+
+def test_idle_cost_needs_timings_after_every_gap():
+    from real.testbed.calibration import IDLE_GAPS, idle_cost
+
+    assert idle_cost(1e-3, [[2e-3]] * len(IDLE_GAPS)) == [(gap, pytest.approx(1e-3)) for gap in IDLE_GAPS]
+    with pytest.raises(ValueError, match="timings after each of"):
+        idle_cost(1e-3, [[2e-3]] * (len(IDLE_GAPS) - 1))
+    with pytest.raises(ValueError, match="timings after each of"):
+        idle_cost(1e-3, [[2e-3]] * (len(IDLE_GAPS) - 1) + [[]])
+
+
+def test_a_cached_compute_probe_without_an_idle_cost_is_measured_again(tmp_path, monkeypatch):
+    from real.testbed import calibration
+
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    name = "compute-mlp-b32-p2-allreduce.json"
+    (folder / name).write_text(json.dumps({k: v for k, v in FAKE_COMPUTE.items() if k != "idle_cost"}))
+    started = []
+
+    def start_ranks(processes, module, argv):
+        started.append(processes)
+        Path(argv[1]).write_text(json.dumps(FAKE_COMPUTE))
+
+    monkeypatch.setattr("real.run.start_ranks", start_ranks)
+    assert calibration.measure_compute("mlp", 32, 2, folder)["idle_cost"] == FAKE_COMPUTE["idle_cost"]
+    assert started == [2]
+    calibration.measure_compute("mlp", 32, 2, folder)  # now cached with it: not measured again
+    assert started == [2]
 
 
 def test_a_resumed_study_fills_in_the_drift_of_rows_measured_before_it_was_recorded(tmp_path, monkeypatch):
