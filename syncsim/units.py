@@ -32,11 +32,14 @@ _TIME_UNIT = {
     "min": 60.0, "h": 3600.0,
 }
 # ASCII digits only: Python's float() also reads other scripts' digits ("٣"), which no unit string means.
-_NUMBER = r"(?P<num>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*"
+_NUMBER = r"(?P<num>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[ \t\n\r\f\v]*"
 _SIZE_RE = re.compile(_NUMBER + r"(?P<prefix>Ki|Mi|Gi|Ti|Pi|[kKMGTP]?)(?P<unit>bytes|byte|bits|bit|B|b)$")
 _BW_RE = re.compile(
     _NUMBER + r"(?P<prefix>Ki|Mi|Gi|Ti|Pi|[kKMGTP]?)(?P<unit>bytes|byte|bits|bit|B|b)(?:/s|ps)$"
 )
+# What may surround a number: ASCII whitespace, as float() strips it. str.strip() would also take the
+# information separators U+001C..U+001F, which float() refuses with a message naming no field.
+_ASCII_SPACE = " \t\n\r\f\v"
 _TIME_RE = re.compile(_NUMBER + r"(?P<unit>min|sec|ms|us|µs|ns|s|h)$")
 
 SIZE_UNITS = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB, or bits (b, kbit, Mbit, Gbit, ...)"
@@ -49,10 +52,10 @@ def _number(value: object, what: str, allowed: str, pattern: re.Pattern[str], un
         raise ValueError(f"{what} {value!r} is not a number; give a float in SI base units or a string in {allowed}")
     if is_number(value):  # Python's or NumPy's
         result = float(value)  # type: ignore[arg-type]
-    elif isinstance(value, str) and re.fullmatch(_NUMBER, value.strip()):
+    elif isinstance(value, str) and re.fullmatch(_NUMBER, value.strip(_ASCII_SPACE)):
         result = float(value)  # a bare number in a string is already in SI base units
     elif isinstance(value, str):
-        match = pattern.fullmatch(value.strip())
+        match = pattern.fullmatch(value.strip(_ASCII_SPACE))
         if match is None:
             raise ValueError(f"{what} {value!r} is not understood; accepted units: {allowed}")
         groups = match.groupdict()

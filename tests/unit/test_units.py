@@ -31,6 +31,15 @@ def test_plain_numbers_are_si_base_units():
     assert parse_size(1024) == 1024.0 and parse_time(0.5) == 0.5 and parse_bandwidth(1e9) == 1e9
 
 
+def test_only_ascii_whitespace_may_surround_a_number():
+    # float() strips ASCII whitespace only; str.strip() would also take the information separators
+    # U+001C..U+001F (str.isspace is true for them), and float("0\x1f") then failed naming no field
+    assert parse_time(" 0\t") == 0.0 and parse_size("12\n") == 12.0 and parse_bandwidth("\x0b5MB/s ") == 5e6
+    for bad in ("0\x1f", "\x1c12", "5\x1dms"):
+        with pytest.raises(ValueError, match="latency .* is not understood"):
+            parse_time(bad, "latency")
+
+
 @pytest.mark.parametrize("parser, bad, units", [
     (parse_bandwidth, "25Gbit", "Gbit/s"), (parse_bandwidth, "fast", "GB/s"), (parse_time, "5 parsecs", "ms"),
     (parse_size, "97MiBs", "MiB"), (parse_size, "", "MiB"),
