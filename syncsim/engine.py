@@ -9,7 +9,9 @@ collective folds the compute into its own schedule (overlapping buckets with
 backward), anything else waits until the compute has finished. This keeps a
 synchronous step at one scheduled event for all W workers instead of W. A
 compute that starts after its worker sat idle since its last one (waiting for
-the network) lasts ``Workload.idle_extra`` of that idle time longer.
+parameter servers) lasts ``Workload.idle_extra`` of that idle time longer; a
+worker that waited for a collective of its own was not idle (the collective's
+reduction runs on its processor) and pays nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = ["simulate", "speedup"]
 _GENERATOR = type(x for x in ())
 
 _COMPUTE, _PUSH, _PULL, _WAIT = (KIND_CODE[k] for k in ("compute", "push", "pull", "wait"))
+_COLLECTIVES = (AllReduceGradients, AverageParameters)
 
 
 class _ModelState:
@@ -112,6 +115,8 @@ class _Run:
                     pending[0], pending[1], pending[2], pending[3] = start, duration, True, 0.0
                     computed = start + duration
                     continue
+                if type(action) in _COLLECTIVES:
+                    computed = None  # the worker's own reduction keeps its processor busy: not idle
                 wait = handlers[type(action)](w, step, action, pending)
                 if wait is not None:  # a single event, or a generator of several
                     if type(wait) is _GENERATOR:

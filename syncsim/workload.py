@@ -6,12 +6,15 @@ which is when gradient buckets become ready for overlapped all-reduce.
 ``layers`` lists parameter bytes per layer in forward order, so buckets can be
 formed as DDP does (in reverse order, as gradients appear during backward).
 ``idle_cost`` is what a step computes longer when its worker sat idle before it
-(waiting for the network): a processor that idled starts again with cold caches
-and a lowered clock. Measured on this project's 2-core testbed machine, the small
-model's step of 0.45 ms took 1.04 ms after 5 ms idle and 1.56 ms after 20 ms, and
-LeNet's 13.0 ms step 14.7 ms after 5 ms (real.testbed.calibration measures the
-curve for each configuration). GPUs drop their clocks when idle too; a workload
-calibrated back to back leaves it out (the default, no cost).
+(waiting for parameter servers): a processor that idled starts again with cold
+caches and a lowered clock. A worker waiting for a collective is not idle: the
+collective's reduction runs on its own processor (gloo's threads on the CPU,
+NCCL's kernels on the GPU), and the simulator charges it nothing. Measured on
+this project's 2-core testbed machine, the small model's step of 0.45 ms took
+1.04 ms after 5 ms idle and 1.56 ms after 20 ms, and LeNet's 13.0 ms step 14.7 ms
+after 5 ms (real.testbed.calibration measures the curve for each configuration).
+GPUs drop their clocks when idle too; a workload calibrated back to back leaves
+it out (the default, no cost).
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ class Workload(ConfigFile):
     backward_fraction: float = DEFAULT_BACKWARD_FRACTION
     idle_cost: tuple[tuple[float, float], ...] = ()
     """(idle seconds, extra compute seconds) points, idle strictly increasing: a step that starts after its
-    worker idled g seconds computes ``idle_extra(g)`` longer (linear from (0, 0) through the points, the
-    last point's extra beyond it). Empty: no cost."""
+    worker idled g seconds (waiting for servers, not in a collective) computes ``idle_extra(g)`` longer
+    (linear from (0, 0) through the points, the last point's extra beyond it). Empty: no cost."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:

@@ -18,11 +18,14 @@ Every number the simulator is given is measured here, on this machine, and has a
   that sends nothing (FreeNetwork), so everything but the communication the link fits price. The mean
   over ranks and steps is the workload's compute time, its coefficient of variation the cluster's
   jitter, and the backward's share of the step the workload's backward_fraction (when DDP's buckets
-  become ready). Then the ranks time steps that each follow an idle gap of IDLE_GAPS: how much longer
-  those take is the workload's idle_cost, which the simulator adds to a step whose worker idled before
-  it (waiting for the network). On this machine it is most of a small step: the small model's
-  0.45 ms step took 1.04 ms after 5 ms idle, so one worker of a parameter server computed 1.1 ms a step
-  in runs where the back-to-back probe said 0.67 ms. For a run with a straggler the probe's last rank
+  become ready). For a scheme with parameter servers the ranks then time steps that each follow an
+  idle gap of IDLE_GAPS: how much longer those take is the workload's idle_cost, which the simulator
+  adds to a step whose worker idled before it (waiting for the servers). On this machine it is most
+  of a small step: the small model's 0.45 ms step took 1.04 ms after 5 ms idle, so one worker of a
+  parameter server computed 1.1 ms a step in runs where the back-to-back probe said 0.67 ms. Workers
+  that wait for a collective are not idle (gloo's threads reduce in their process): in a grid that
+  charged them the sleep-measured cost, two all-reducing workers of the small model were simulated at
+  2.7-2.9 ms a step's compute where their runs computed 1.1-1.2 ms. For a run with a straggler the probe's last rank
   is slowed as ``--slow RANK:F`` slows the run's last worker (real.executor: a sleep of (F-1) x 3 x its
   forward time between forward and backward), and its step is reported apart (``slowed_time``): it sets
   that worker's speed factor in the simulator, measured rather than derived, since compute right after
@@ -536,11 +539,12 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
             steps.append(elapsed)
             forward.append(executor.forward_time)  # what real.executor times to size a --slow rank's extra wait
             backward.append(executor.backward_time)
-    # Then steps that each follow an idle gap, as a run's steps follow the worker's wait for the network
-    # (the ranks idle together, as they computed together).
+    # Then, for a worker of parameter servers, steps that each follow an idle gap, as its steps follow
+    # its wait for the servers (the ranks idle together, as they computed together). A worker waiting for
+    # a collective is not idle (its own threads reduce), and syncsim charges it no idle cost.
     dist.barrier()
     after_idle = []
-    for gap in IDLE_GAPS:
+    for gap in IDLE_GAPS if pushes else ():
         timings = []
         for _ in range(IDLE_STEPS):
             step += 1
@@ -561,7 +565,10 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
 
 def idle_cost(back_to_back: float, after_idle: list[list[float]]) -> list[tuple[float, float]]:
     """syncsim's Workload.idle_cost from the compute probe: for each of IDLE_GAPS, how much longer the
-    steps that followed that gap took than the ``back_to_back`` mean (none shorter)."""
+    steps that followed that gap took than the ``back_to_back`` mean (none shorter); none without
+    timings after idle gaps (a scheme without servers)."""
+    if not after_idle:  # the probe of a scheme without servers, whose workers never idle
+        return []
     if len(after_idle) != len(IDLE_GAPS) or not all(after_idle):
         raise ValueError(f"idle_cost needs timings after each of {len(IDLE_GAPS)} gaps, got {len(after_idle)} lists "
                          f"of {[len(t) for t in after_idle]}")
@@ -587,7 +594,7 @@ def _compute_rank(out: str, model: str, batch_size: int, scheme: str, slow: floa
                   "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
                   "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"],
                   "idle_cost": idle_cost(mean, [[t for g in gathered for t in g["after_idle"][i]]
-                                                for i in range(len(IDLE_GAPS))])}
+                                                for i in range(len(gathered[0]["after_idle"]))])}
         if slowed is not None:
             result |= {"slow": slow, "slowed_time": statistics.fmean(slowed["steps"])}
         write_atomic(out, json.dumps(result, indent=1))

@@ -423,6 +423,7 @@ def test_idle_cost_needs_timings_after_every_gap():
     from real.testbed.calibration import IDLE_GAPS, idle_cost
 
     assert idle_cost(1e-3, [[2e-3]] * len(IDLE_GAPS)) == [(gap, pytest.approx(1e-3)) for gap in IDLE_GAPS]
+    assert idle_cost(1e-3, []) == []  # a scheme without servers: its workers never idle
     with pytest.raises(ValueError, match="timings after each of"):
         idle_cost(1e-3, [[2e-3]] * (len(IDLE_GAPS) - 1))
     with pytest.raises(ValueError, match="timings after each of"):
