@@ -115,7 +115,7 @@ class _Run:
                     pending[0], pending[1], pending[2], pending[3] = start, duration, True, 0.0
                     computed = start + duration
                     continue
-                if type(action) in _COLLECTIVES:
+                if idle_extra is not None and type(action) in _COLLECTIVES:
                     computed = None  # the worker's own reduction keeps its processor busy: not idle
                 wait = handlers[type(action)](w, step, action, pending)
                 if wait is not None:  # a single event, or a generator of several

@@ -20,7 +20,6 @@ it out (the default, no cost).
 from __future__ import annotations
 
 import bisect
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -168,14 +167,12 @@ def _check_idle_cost(points: Any) -> tuple[tuple[float, float], ...]:
     checked: list[tuple[float, float]] = []
     for i, pair in enumerate(points):
         try:
-            idle, extra = (float(x) for x in pair)
+            idle, extra = pair
         except (TypeError, ValueError):
             raise ValueError(f"Workload.idle_cost[{i}] must be a pair (idle seconds, extra seconds), "
                              f"got {pair!r}") from None
-        if not (math.isfinite(idle) and idle > 0):
-            raise ValueError(f"Workload.idle_cost[{i}]: idle must be a positive number of seconds, got {idle!r}")
-        if not (math.isfinite(extra) and extra >= 0):
-            raise ValueError(f"Workload.idle_cost[{i}]: extra must be a non-negative number of seconds, got {extra!r}")
+        idle = check_positive("Workload", f"idle_cost[{i}] idle", idle)
+        extra = check_float("Workload", f"idle_cost[{i}] extra", extra, low=0.0)
         if checked and idle <= checked[-1][0]:
             raise ValueError(f"Workload.idle_cost: idle times must increase, got {checked[-1][0]!r} then {idle!r}")
         checked.append((idle, extra))

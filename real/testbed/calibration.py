@@ -171,7 +171,8 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
         timings = [row[2] if len(row) > 2 else [row[1]] for row in rows]  # every timing of each size
         large = n * scale >= BURSTS_FOR_RATE * burst
         intercept, slope, r2, residuals = fit_linear(n[large], t[large])
-        at_size = None  # the time the robust line gives at the run's size
+        at_size = None  # the time at the run's size, when the probe's sizes span it
+        inside = message_bytes is not None and n.min() <= message_bytes <= n.max()
         if message_bytes is not None:
             near = large & (n >= message_bytes / RATE_WINDOW) & (n <= message_bytes * RATE_WINDOW)
             if near.sum() >= 2:
@@ -180,7 +181,7 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
                 fit = fit_theil_sen(each_n, each_t)
                 if fit[1] > 0:
                     large, (intercept, slope, r2, residuals) = near, fit
-                    if n.min() <= message_bytes <= n.max():
+                    if inside:
                         at_size = intercept + slope * message_bytes
         small = n * scale <= max(burst / 2, (n * scale).min())
         # the median of every timing of the small messages: a stall of the shared machine moves a mean
@@ -190,7 +191,7 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
         # a collective's hops are small messages' one-way latencies (the ping-pong's α: the same veths)
         alpha = small_time if name == "pingpong" else fits["pingpong"]["alpha"]
         launch, launch_from = max(small_time - messages * alpha, 0.0), "small messages"
-        if at_size is None and message_bytes is not None and n.min() <= message_bytes <= n.max():
+        if at_size is None and inside:
             at_size = float(np.interp(message_bytes, n, t))
         if name != "pingpong" and at_size is not None:
             # what the closed form leaves of the time at the run's size is the launch, so that the
@@ -542,17 +543,18 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     # Then, for a worker of parameter servers, steps that each follow an idle gap, as its steps follow
     # its wait for the servers (the ranks idle together, as they computed together). A worker waiting for
     # a collective is not idle (its own threads reduce), and syncsim charges it no idle cost.
-    dist.barrier()
     after_idle = []
-    for gap in IDLE_GAPS if pushes else ():
-        timings = []
-        for _ in range(IDLE_STEPS):
-            step += 1
-            time.sleep(gap)
-            t0 = time.perf_counter()
-            executor.run_step(step)
-            timings.append(time.perf_counter() - t0)
-        after_idle.append(timings)
+    if pushes:
+        dist.barrier()
+        for gap in IDLE_GAPS:
+            timings = []
+            for _ in range(IDLE_STEPS):
+                step += 1
+                time.sleep(gap)
+                t0 = time.perf_counter()
+                executor.run_step(step)
+                timings.append(time.perf_counter() - t0)
+            after_idle.append(timings)
     layers = list(param_layers(model))
     # The executor refers to itself (its handlers), so only the collector frees it and the DDP module and
     # averager holding this rank's group: now, before the groups are destroyed. Left to the interpreter's
