@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -107,6 +108,12 @@ class Config:
         return self.world + self.servers
 
     @property
+    def link_hosts(self) -> int:
+        """Hosts of this configuration's link probe: all-reduces run over the run's own workers (their
+        chunks and their contention for the cores); pushes and pulls are point to point, which two time."""
+        return 2 if self.servers else max(2, self.world)
+
+    @property
     def key(self) -> tuple:
         return (self.scheme, self.world, self.servers, self.bandwidth, self.model, float(self.slow))
 
@@ -142,6 +149,29 @@ def grid(schemes=SCHEMES, worlds=WORLDS, bandwidths=BANDWIDTHS, models=MODELS, s
     return list(unique.values())
 
 
+@functools.cache
+def model_bytes(model: str) -> float:
+    """fp32 bytes of the parameters of real.models' ``model`` (the compute probe's ``layers``, summed)."""
+    from real.models import build, param_layers
+
+    return sum(param_layers(build(model, 0)))
+
+
+def timed_sizes(configs, bandwidth: str, hosts: int) -> tuple[tuple[int, str], ...]:
+    """(bytes, precision) of what each of ``configs`` that all-reduces over ``hosts`` hosts at ``bandwidth``
+    sends at once (the gradient, or local SGD's parameters, at the wire precision): the sizes its link
+    probe times as the runs send them (real.testbed.calibration.measure_link), all in one probe."""
+    from real.testbed.calibration import wire_bytes
+    from syncsim.schemes import parse
+
+    sizes = set()
+    for config in configs:
+        if not config.servers and config.world > 1 and (config.bandwidth, config.link_hosts) == (bandwidth, hosts):
+            spec = parse(config.scheme)
+            sizes.add((wire_bytes(model_bytes(config.model) * spec.wire_ratio, spec.precision), spec.precision))
+    return tuple(sorted(sizes))
+
+
 def quick_grid(slow: float = SLOW) -> list[Config]:
     """A few minutes: the small model at one rate, two workers; synchronous and asynchronous PS, all-reduce."""
     return [Config("allreduce", 1, "200Mbit/s", "mlp"), Config("allreduce", 2, "200Mbit/s", "mlp"),
@@ -163,10 +193,10 @@ def calibrate(config: Config, args: argparse.Namespace):
                               slow=config.slow)
     # the links' rates around the size of what the run sends at once: the gradient at the wire precision
     message = sum(compute["layers"]) * spec.wire_ratio
-    # all-reduces are probed over the run's own workers (their chunks and their contention for the cores);
-    # pushes and pulls are point to point, which two hosts time
-    hosts = 2 if config.servers else max(2, config.world)
-    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message, hosts=hosts)
+    # every all-reduce of the study's runs at this rate and on these hosts is also timed at its own size
+    hosts = config.link_hosts
+    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message, hosts=hosts,
+                            at_sizes=timed_sizes((*args.configs, config), config.bandwidth, hosts))
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
     # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import threading
@@ -62,6 +63,9 @@ IDLE_GAPS, IDLE_STEPS = (2e-3, 8e-3, 30e-3), 15
 SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
 BURSTS_FOR_RATE = 2  # messages this many tbf buckets long or more time the link's sustained rate
 RATE_WINDOW = 4.0  # given the run's message size, the line is fitted through probe messages within this factor of it
+# The runs' own all-reduce sizes are timed AT_REPEATS times each, every one after a busy rest as a step's
+# compute precedes its collective; their mean with AT_TRIM of each end cut off is the time at that size.
+AT_REPEATS, AT_TRIM = 20, 0.1
 # The sharing probe's second transfer starts these fractions of a lone transfer after the first: at once (a
 # synchronous round's pulls) and part-way through (a push arriving while another is on the link).
 SHARING_OFFSETS = (0.0, 0.25, 0.5)
@@ -85,6 +89,28 @@ def _cached(path: Path, measure, needs: tuple[str, ...] = ()) -> dict:
     return result
 
 
+def wire_bytes(message_bytes: float, precision: str) -> int:
+    """The bytes of a tensor of ``precision`` elements holding ``message_bytes``: the size the probe times."""
+    import torch
+
+    itemsize = getattr(torch, WIRE[precision]).itemsize
+    return max(1, round(message_bytes / itemsize)) * itemsize
+
+
+def at_size_time(timings: list[float]) -> float:
+    """The time a run's collective of a timed size adds to its step: the mean of ``timings`` with
+    AT_TRIM of each end cut off. A step time is a mean, and so is what a collective adds to it, tail
+    included: on this machine gloo's small all-reduces are bimodal (over loopback a 200 kB fp16
+    all-reduce between two ranks took about 0.5-1 ms, or 4-6 ms in a quarter to a third of them, with
+    no shaper), which a median leaves out; the trim drops the rarer stalls of the shared machine (one
+    72 ms timing among 2 ms ones)."""
+    if not timings:
+        raise ValueError("at_size_time needs at least one timing")
+    cut = int(AT_TRIM * len(timings))  # timings cut off each end
+    kept = sorted(timings)[cut:len(timings) - cut]
+    return statistics.fmean(kept)
+
+
 def _refill_idle(config) -> float:
     """Seconds the links rest before each timed transfer: twice a bucket's refill time, so every message
     meets a full bucket, as one after a step's compute does (config: the testbed's TestbedConfig)."""
@@ -92,9 +118,14 @@ def _refill_idle(config) -> float:
 
 
 def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
-                 message_bytes: float | None = None, hosts: int = 2) -> dict:
+                 message_bytes: float | None = None, hosts: int = 2,
+                 at_sizes: tuple[tuple[int, str], ...] = ()) -> dict:
     """Probe a testbed of ``hosts`` hosts at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket,
     "fits": fit_links}, the rates fitted around ``message_bytes`` when given (see fit_links).
+
+    ``at_sizes`` are the runs' own all-reduces, (bytes, precision) as wire_bytes gives them: each is
+    timed AT_REPEATS times after busy rests, and fit_links takes a collective's time at the run's size
+    from those timings. A cached probe that lacks some of them times those alone and keeps them.
 
     The all-reduces run over every host, so a run's collectives are timed with its own number of ranks:
     gloo's ring moves 2(p-1) chunks of n/p through each link, and how TCP paces those through a shaper
@@ -102,16 +133,21 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     a 407 kB all-reduce took 4-6 ms over two hosts and 6-9 ms over four). The ping-pong always runs
     between hosts 0 and 1."""
 
-    def measure() -> dict:
+    wanted = sorted({(int(size), str(precision)) for size, precision in at_sizes})
+    for size, precision in wanted:
+        if not _valid_at(size, precision):
+            raise ValueError(f"measure_link: at_sizes entry ({size!r}, {precision!r}) must be a precision of "
+                             f"{sorted(WIRE)} and a positive whole number of its elements' bytes")
+
+    def measure(at: list, sweep_sizes: bool = True) -> dict:
         from real.testbed.launcher import torchrun_on
         from real.testbed.namespaces import Testbed
 
         probe_file = folder / f"probe-{name}.json"
+        argv = ["--probe", str(probe_file), "--repeats", str(repeats), "--at", encode_at(at)]
         with Testbed(hosts=hosts, bandwidth=bandwidth, prefix=prefix) as bed:
-            idle = _refill_idle(bed.config)
-            codes = torchrun_on(bed, "real.testbed.calibration", ["--probe", str(probe_file), "--repeats",
-                                                                  str(repeats), "--idle", str(idle)],
-                                folder / "logs", timeout=900, agent=False)
+            argv += ["--idle", str(_refill_idle(bed.config))] + ([] if sweep_sizes else ["--no-sweep"])
+            codes = torchrun_on(bed, "real.testbed.calibration", argv, folder / "logs", timeout=900, agent=False)
         if any(codes):
             raise RuntimeError(f"link probe at {bandwidth} on {hosts} hosts failed (node exit codes {codes}); "
                                f"logs in {folder}/logs")
@@ -120,8 +156,35 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
 
     name = f"{slug(bandwidth)}-h{hosts}"
     # The raw sweep is cached; the fit is made from it each time.
-    measured = _cached(folder / f"link-{name}.json", measure)
+    path = folder / f"link-{name}.json"
+    measured = _cached(path, lambda: measure(wanted))
+    timed = {(size, precision) for size, precision, _ in measured["probe"].get("at_size", [])}
+    if missing := [entry for entry in wanted if entry not in timed]:
+        added = measure(missing, sweep_sizes=False)["probe"]["at_size"]
+        measured["probe"]["at_size"] = measured["probe"].get("at_size", []) + added
+        write_atomic(path, json.dumps(measured, indent=1))
     return measured | {"fits": fit_links(measured["probe"], measured["burst"], message_bytes)}
+
+
+def encode_at(at) -> str:
+    """``--at``'s text for (bytes, precision) entries: BYTES:PRECISION, comma-separated."""
+    return ",".join(f"{size}:{precision}" for size, precision in at)
+
+
+def _valid_at(size: int, precision: str) -> bool:
+    return precision in WIRE and size >= 1 and size == wire_bytes(size, precision)
+
+
+def parse_at(text: str) -> list[tuple[int, str]]:
+    """``--at``'s entries; ValueError naming the option and the entry when one is malformed."""
+    entries = []
+    for item in filter(None, text.split(",")):
+        size, _, precision = item.partition(":")
+        if not re.fullmatch(r"[0-9]{1,12}", size) or not _valid_at(int(size), precision):
+            raise ValueError(f"--at: each entry must be BYTES:PRECISION with PRECISION one of {sorted(WIRE)} "
+                             f"and BYTES a positive multiple of its element size, got {item!r}")
+        entries.append((int(size), precision))
+    return entries
 
 
 def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> dict:
@@ -191,13 +254,18 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
         # a collective's hops are small messages' one-way latencies (the ping-pong's α: the same veths)
         alpha = small_time if name == "pingpong" else fits["pingpong"]["alpha"]
         launch, launch_from = max(small_time - messages * alpha, 0.0), "small messages"
+        timed = [times for size, precision, times in probe.get("at_size", [])
+                 if message_bytes is not None and name == f"allreduce_{precision}"
+                 and size == wire_bytes(message_bytes, precision)]
+        if timed:  # the run's own size, timed after busy rests: its mean (at_size_time) stands for the run's
+            at_size, inside = at_size_time(timed[0]), True
         if at_size is None and inside:
             at_size = float(np.interp(message_bytes, n, t))
         if name != "pingpong" and at_size is not None:
             # what the closed form leaves of the time at the run's size is the launch, so that the
             # form passes through it
             launch = max(at_size - messages * alpha - max(0.0, scale * message_bytes - burst) / bandwidth, 0.0)
-            launch_from = "run's size"
+            launch_from = "run's size, timed" if timed else "run's size"
         fits[name] = {"alpha": alpha, "launch": launch, "launch_from": launch_from, "bandwidth": bandwidth,
                       "r2": r2, "burst_fitted": (launch + messages * alpha - intercept) * bandwidth,
                       "relative_residuals": residuals, "rate_sizes": n[large].tolist(),
@@ -300,7 +368,8 @@ def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float
 def measure_compute(model: str, batch_size: int, processes: int, folder: Path, scheme: str = "allreduce",
                     slow: float = 1.0) -> dict:
     """``processes`` ranks timing the executor's step of ``scheme`` without its communication at once;
-    compute_time, jitter, backward_fraction, forward_time, layers, and idle_cost (how much longer steps
+    compute_time, jitter, backward_fraction, forward_time, layers, meets (how often the ranks met where
+    the scheme's collectives are), and idle_cost (how much longer steps
     take after each of IDLE_GAPS idle, syncsim's Workload.idle_cost). With ``slow`` > 1 the last rank is
     slowed as ``--slow`` slows a run's last worker, and ``slowed_time`` is its step (the others make the
     rest)."""
@@ -325,13 +394,14 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
                                                             str(slow)])
         return json.loads(out.read_text())
 
-    return _cached(folder / f"{name}.json", measure, needs=("idle_cost",))
+    # probes from before the ranks met at their scheme's collectives lack "meets" and are measured again
+    return _cached(folder / f"{name}.json", measure, needs=("idle_cost", "meets"))
 
 
 # -- what the ranks run -------------------------------------------------------------
-def _timed_once(action, idle: float, from_last: bool = False) -> float:
+def _timed_once(action, idle: float, from_last: bool = False, rest=None) -> float:
     """One round of ``action()``: every rank starts it together, after the links rested ``idle`` seconds
-    (a tbf bucket refills while its link rests).
+    (a tbf bucket refills while its link rests) while the rank ran ``rest(idle)``: _busy, or by default a sleep.
 
     The round's time is its slowest rank's, or with ``from_last`` (collectives) the time from the last
     rank's start to the last rank's end, as syncsim starts a collective once every rank has arrived:
@@ -342,7 +412,7 @@ def _timed_once(action, idle: float, from_last: bool = False) -> float:
     import torch.distributed as dist
 
     dist.barrier()
-    time.sleep(idle)
+    (rest or time.sleep)(idle)
     t0 = time.perf_counter()
     action()
     t1 = time.perf_counter()
@@ -368,14 +438,27 @@ def interleaved(rounds: list[int], time_once) -> list[list[float]]:
     return times
 
 
-def _probe_rank(out: str, repeats: int, idle: float) -> None:
-    """Ping-pong (ranks 0 and 1, fp32) and all-reduce (every rank, each wire precision) over SWEEP."""
+def _busy(seconds: float) -> None:
+    """Keep this rank's core busy with arithmetic for ``seconds``, as a step's compute does before its
+    collective (a sleeping rank's threads wake slower: see at_size_time and the idle cost)."""
+    import torch
+
+    a = torch.ones(96, 96)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+
+
+def _probe_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], sweep_sizes: bool = True) -> None:
+    """Ping-pong (ranks 0 and 1, fp32) and all-reduce (every rank, each wire precision) over SWEEP, then
+    the all-reduces of ``at`` ((bytes, precision): the runs' own sizes) AT_REPEATS times each, each
+    after ``idle`` seconds of _busy; ``sweep_sizes`` False times only ``at``."""
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    result: dict = {"world": dist.get_world_size(), "idle": idle, "pingpong": []}
+    result: dict = {"world": dist.get_world_size(), "idle": idle}
 
     def pingpong(buf):
         if rank == 0:
@@ -391,14 +474,20 @@ def _probe_rank(out: str, repeats: int, idle: float) -> None:
         times = interleaved(rounds, lambda k: _timed_once(actions[k], idle, from_last) / per)
         return [(size, statistics.median(t), t) for size, t in zip(SWEEP, times)]
 
-    bufs = [torch.zeros(size // 4) for size in SWEEP]
-    result["pingpong"] = sweep([lambda buf=buf: pingpong(buf) for buf in bufs], per=2.0)  # one way
-    for precision, name in WIRE.items():
-        dtype = getattr(torch, name)
-        bufs = [torch.zeros(size // dtype.itemsize, dtype=dtype) for size in SWEEP]
-        result[f"allreduce_{precision}"] = sweep([lambda buf=buf: dist.all_reduce(buf) for buf in bufs],
-                                                 from_last=True)
-    result["allreduce"] = result["allreduce_fp32"]
+    if sweep_sizes:
+        bufs = [torch.zeros(size // 4) for size in SWEEP]
+        result["pingpong"] = sweep([lambda buf=buf: pingpong(buf) for buf in bufs], per=2.0)  # one way
+        for precision, name in WIRE.items():
+            dtype = getattr(torch, name)
+            bufs = [torch.zeros(size // dtype.itemsize, dtype=dtype) for size in SWEEP]
+            result[f"allreduce_{precision}"] = sweep([lambda buf=buf: dist.all_reduce(buf) for buf in bufs],
+                                                     from_last=True)
+        result["allreduce"] = result["allreduce_fp32"]
+    bufs = [torch.zeros(size // getattr(torch, WIRE[precision]).itemsize, dtype=getattr(torch, WIRE[precision]))
+            for size, precision in at]
+    times = interleaved([AT_REPEATS] * len(at), lambda k: _timed_once(lambda: dist.all_reduce(bufs[k]), idle,
+                                                                      from_last=True, rest=_busy))
+    result["at_size"] = [[size, precision, t] for (size, precision), t in zip(at, times)]
     if rank == 0:
         write_atomic(out, json.dumps(result))
     dist.destroy_process_group()
@@ -504,7 +593,15 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     backward (through DDP and the executor's byte-counting hook where the plan all-reduces), the
     optimizer step or the push's and pull's tensor work, its trace records. Its collectives run over a
     process group of this rank alone and its parameter-server client is FreeNetwork, so what is
-    timed is the step without its communication, which the link fits price."""
+    timed is the step without its communication, which the link fits price.
+
+    After a step whose plan ends in a collective (an all-reduce, a model average) the ranks meet at a
+    barrier, untimed, as a run's workers leave each collective together and compute at once: the cores
+    are then shared as in the run. Ranks that never met were a poor stand-in for all-reducing workers
+    of the small model: four of them computing back to back on two cores took 1.3-2.2 ms a step with a
+    coefficient of variation of 1.3-6.3 (a step ran whole, or waited out another rank's time slice),
+    where the runs' workers computed 0.5-1.2 ms, varying by 0.8-1.2, and the simulator's slowest of
+    four such draws made a local-SGD step 61 % longer than measured."""
     import gc
 
     import torch
@@ -516,6 +613,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     from real.hooks import WIRE_DTYPES
     from real.models import build, param_layers
     from real.trace import Recorder
+    from syncsim.schemes.actions import AllReduceGradients, AverageParameters
 
     pushes = needs_servers(scheme)
     cfg = RunConfig(scheme=scheme, world=1, servers=int(pushes), model=model_name, batch_size=batch_size,
@@ -528,9 +626,14 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     executor = Executor(cfg, 0, model, data, torch.device("cpu"), own, Recorder(time.time()), client=client)
     steps, forward, backward = [], [], []
     dist.barrier()  # every rank starts at once: they share the cores as a run's ranks do
-    timed = 0.0
+    timed, meetings = 0.0, 0
+    alone = dist.get_world_size() == 1  # a lone rank has no one to meet
+
+    def enough(step: int) -> bool:  # this rank has timed what COMPUTE_STEPS and COMPUTE_SECONDS ask
+        return step >= COMPUTE_WARMUP + COMPUTE_STEPS and timed >= COMPUTE_SECONDS
+
     for step in range(COMPUTE_WARMUP + MAX_COMPUTE_STEPS):
-        if step >= COMPUTE_WARMUP + COMPUTE_STEPS and timed >= COMPUTE_SECONDS:
+        if (pushes or alone) and enough(step):  # ranks that never meet stop on their own
             break
         t0 = time.perf_counter()
         executor.run_step(step)
@@ -540,6 +643,15 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
             steps.append(elapsed)
             forward.append(executor.forward_time)  # what real.executor times to size a --slow rank's extra wait
             backward.append(executor.backward_time)
+        if not alone and any(isinstance(action, (AllReduceGradients, AverageParameters))
+                             for action in executor.policy.plan(step, cfg.steps)):
+            # the workers leave the step's collective together (untimed); they stop together, once every
+            # rank has timed enough, or the others would wait at this meeting for a rank that left
+            every_rank_done = torch.tensor([float(enough(step + 1))])
+            dist.all_reduce(every_rank_done, op=dist.ReduceOp.MIN)
+            meetings += 1
+            if every_rank_done.item():
+                break
     # Then, for a worker of parameter servers, steps that each follow an idle gap, as its steps follow
     # its wait for the servers (the ranks idle together, as they computed together). A worker waiting for
     # a collective is not idle (its own threads reduce), and syncsim charges it no idle cost.
@@ -562,7 +674,8 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     # without an active exception": 4 of 36 probes of a grid).
     del executor, client
     gc.collect()
-    return {"steps": steps, "forward": forward, "backward": backward, "layers": layers, "after_idle": after_idle}
+    return {"steps": steps, "forward": forward, "backward": backward, "layers": layers, "after_idle": after_idle,
+            "meetings": meetings}
 
 
 def idle_cost(back_to_back: float, after_idle: list[list[float]]) -> list[tuple[float, float]]:
@@ -596,7 +709,8 @@ def _compute_rank(out: str, model: str, batch_size: int, scheme: str, slow: floa
                   "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
                   "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"],
                   "idle_cost": idle_cost(mean, [[t for g in gathered for t in g["after_idle"][i]]
-                                                for i in range(len(gathered[0]["after_idle"]))])}
+                                                for i in range(len(gathered[0]["after_idle"]))]),
+                  "meets": gathered[0]["meetings"]}  # how often the ranks met at their scheme's collectives
         if slowed is not None:
             result |= {"slow": slow, "slowed_time": statistics.fmean(slowed["steps"])}
         write_atomic(out, json.dumps(result, indent=1))
@@ -620,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lone", type=number, default=0.0, help="seconds a lone transfer of --size takes (offsets)")
     ap.add_argument("--repeats", type=integer, default=5)
     ap.add_argument("--idle", type=number, default=0.0, help="seconds each link rests before a timed transfer")
+    ap.add_argument("--at", default="", help="the link probe also times these all-reduces, BYTES:PRECISION,... "
+                                             "(the runs' own sizes)")
+    ap.add_argument("--no-sweep", action="store_true", help="the link probe times only --at")
     ap.add_argument("--model", default="lenet", choices=MODELS)
     ap.add_argument("--batch-size", type=integer, default=32)
     ap.add_argument("--scheme", default="allreduce", help="the scheme whose worker step the compute probe times")
@@ -643,10 +760,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--slow must be between 1 and {MAX_SLOW:g}, got {args.slow:g}")
         if not 0 <= args.idle <= 60:
             raise ValueError(f"--idle must be between 0 and 60 seconds, got {args.idle:g}")
+        at = parse_at(args.at)
     except ValueError as err:
         ap.error(str(err))
     if args.probe is not None:
-        _probe_rank(args.probe, args.repeats, args.idle)
+        _probe_rank(args.probe, args.repeats, args.idle, at, sweep_sizes=not args.no_sweep)
     elif args.sharing is not None:
         _sharing_rank(args.sharing, args.size, args.repeats, args.idle, args.lone)
     else:

@@ -51,3 +51,25 @@ def test_a_collective_is_timed_from_the_last_rank_s_arrival(tmp_path):
     timings = json.loads(out.read_text())
     assert all(t >= LATE for t in timings["slowest"])
     assert all(0 < t < LATE / 2 for t in timings["from_last"])
+
+
+def _at_size_rank(rank: int, port: int, out: str) -> None:
+    from real.testbed import calibration
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    calibration._probe_rank(out, repeats=1, idle=1e-3, at=[(4096, "fp32"), (2048, "fp16")], sweep_sizes=False)
+
+
+@pytest.mark.distributed
+def test_the_link_probe_times_the_runs_own_sizes_each_after_a_busy_rest(tmp_path):
+    # --at sizes are all-reduced AT_REPEATS times each (real.testbed.calibration._probe_rank), from the
+    # last rank's arrival, after each rank kept its core busy for the rest; --no-sweep times nothing else.
+    from real.testbed.calibration import AT_REPEATS
+
+    out = tmp_path / "probe.json"
+    mp.spawn(_at_size_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
+    probe = json.loads(out.read_text())
+    assert "pingpong" not in probe and "allreduce_fp32" not in probe
+    assert [(size, precision) for size, precision, _ in probe["at_size"]] == [(4096, "fp32"), (2048, "fp16")]
+    for _, _, timings in probe["at_size"]:
+        assert len(timings) == AT_REPEATS and all(0 < t < 1.0 for t in timings)

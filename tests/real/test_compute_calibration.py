@@ -108,3 +108,40 @@ def test_free_network_does_the_worker_s_tensor_work_and_sends_nothing():
     client.wait(step=0, threshold=0)
     pulled, nbytes = client.pull(step=0)
     assert nbytes == 12 and pulled.dtype == torch.float32 and torch.equal(pulled, params)
+
+
+def _meeting_rank(rank: int, port: int, folder: str) -> None:
+    import torch.distributed as dist
+
+    from real.testbed import calibration
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    calibration.COMPUTE_SECONDS = 0.2
+    mine = {}
+    for scheme in ("allreduce", "localsgd:period=4", "ps"):
+        timed = calibration._time_worker_steps("mlp", 32, scheme, folder, slow=SLOW if rank == 1 else 1.0)
+        mine[scheme] = [len(timed["steps"]), timed["meetings"]]
+    gathered = [None, None]
+    dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        with open(os.path.join(folder, "meetings.json"), "w") as f:
+            json.dump(gathered, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_the_compute_probe_s_ranks_meet_where_their_scheme_s_collectives_are(tmp_path):
+    # A run's workers leave each collective together and then compute at once, so the probe's ranks meet
+    # after every step whose plan all-reduces (every step) or averages (every 4th of local SGD), and stop
+    # together: a slowed rank and its peer time as many steps. Ranks of a parameter server never meet.
+    from real.testbed.calibration import COMPUTE_WARMUP
+
+    mp.spawn(_meeting_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    fast, slowed = json.loads((tmp_path / "meetings.json").read_text())
+    for scheme, every in (("allreduce", 1), ("localsgd:period=4", 4)):
+        (steps, meetings), (slowed_steps, slowed_meetings) = fast[scheme], slowed[scheme]
+        assert steps == slowed_steps and meetings == slowed_meetings, scheme
+        assert (COMPUTE_WARMUP + steps) % every == 0 and meetings == (COMPUTE_WARMUP + steps) // every, scheme
+    assert fast["ps"][1] == slowed["ps"][1] == 0

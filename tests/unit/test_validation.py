@@ -10,13 +10,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from real.models import build
 from real.testbed.calibration import (
+    AT_REPEATS,
     RATE_WINDOW,
     SHARING_OFFSETS,
+    at_size_time,
     fit_links,
     fit_sharing,
     interleaved,
+    measure_link,
     simulate_collision,
+    wire_bytes,
 )
 from studies import validation
 from syncsim import Cluster, Link, Workload, simulate
@@ -25,7 +30,7 @@ from syncsim.schemes import parse
 
 # What a compute probe reports (real.testbed.calibration.measure_compute), for calibrations with faked probes.
 FAKE_COMPUTE = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
-                "layers": [1000, 2000], "idle_cost": [[2e-3, 1e-4], [8e-3, 4e-4], [30e-3, 5e-4]]}
+                "layers": [1000, 2000], "idle_cost": [[2e-3, 1e-4], [8e-3, 4e-4], [30e-3, 5e-4]], "meets": 45}
 
 
 def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
@@ -129,6 +134,102 @@ def test_a_collective_s_closed_form_passes_through_the_line_of_its_timings_at_th
     beyond = fit_links(probe, burst, message_bytes=2**24)["allreduce_fp32"]
     assert beyond["launch_from"] == "small messages"
     assert beyond["launch"] == pytest.approx(fixed - 2 * (p - 1) * alpha, rel=1e-9)
+
+
+def _clean_probe(p: int, alpha: float, rate: float, burst: float, launch: float) -> dict:
+    """A probe of a tbf link on which every timing lies on the closed forms (see the test above)."""
+    sizes = [2**k for k in range(12, 23)]
+    sent = 2 * (p - 1) / p
+
+    def allreduce(n):
+        return launch + 2 * (p - 1) * alpha + max(0.0, sent * n - burst) / rate
+
+    return {"world": p, "pingpong": [(n, alpha + max(0.0, n - burst) / rate) for n in sizes],
+            "allreduce_fp32": [(n, allreduce(n), [allreduce(n)] * 5) for n in sizes],
+            "allreduce_fp16": [(n, allreduce(n), [allreduce(n)] * 5) for n in sizes]}
+
+
+def test_a_collective_timed_at_the_run_s_size_passes_through_the_trimmed_mean_of_its_timings():
+    # Basis: a step time is a mean over steps, so the time a collective adds to it is its expectation,
+    # tail included; on this machine small gloo all-reduces are bimodal (most near one time, a quarter to
+    # a third some milliseconds longer), and the sweep's medians and Theil-Sen line stand for the main
+    # mode only. The probe times the run's own size AT_REPEATS times: the fit's closed form must pass
+    # through the mean of those timings with int(AT_TRIM n) cut off each end (here 2 of 20: the 72 ms
+    # stall and the shortest), whatever the sweep's line says.
+    p, alpha, rate, burst, launch = 4, 300e-6, 110e6, 125_000, 2e-3
+    probe = _clean_probe(p, alpha, rate, burst, launch)
+    message = 407_080
+    timings = [6e-3] * 13 + [10e-3] * 6 + [72e-3]
+    assert len(timings) == AT_REPEATS
+    expected = (11 * 6e-3 + 5 * 10e-3) / 16  # sorted, two cut off each end
+    assert at_size_time(timings) == pytest.approx(expected, rel=1e-12)
+    assert at_size_time(timings) > float(np.median(timings))  # the tail counts; a median leaves it out
+    probe["at_size"] = [[wire_bytes(message, "fp32"), "fp32", timings], [2**20, "fp32", [1.0] * 20]]
+    sent = 2 * (p - 1) / p
+    fits = fit_links(probe, burst, message_bytes=message)
+    fit = fits["allreduce_fp32"]
+    assert fit["launch_from"] == "run's size, timed"
+    assert fit["bandwidth"] == pytest.approx(rate, rel=1e-9)  # the rate is still the sweep's
+    closed_form = fit["launch"] + 2 * (p - 1) * fit["alpha"] + max(0.0, sent * message - burst) / fit["bandwidth"]
+    assert closed_form == pytest.approx(expected, rel=1e-9)
+    # another precision's curve and another size are not this one's timings
+    assert fits["allreduce_fp16"]["launch_from"] == "run's size"
+    assert fits["allreduce_fp16"]["launch"] == pytest.approx(launch, rel=1e-9)
+    assert fit_links(probe, burst, message_bytes=message * 2)["allreduce_fp32"]["launch"] == pytest.approx(launch)
+    with pytest.raises(ValueError, match="at least one timing"):
+        at_size_time([])
+
+
+def test_the_link_probe_times_the_runs_sizes_once_and_a_cached_probe_only_the_missing_ones(monkeypatch, tmp_path):
+    # measure_link caches the raw probe; asked later for sizes the cache lacks, it times those alone
+    # (--no-sweep) and keeps them, so a resumed or widened study measures nothing twice.
+    launches = []
+
+    class FakeBed:
+        def __init__(self, hosts, bandwidth, prefix):
+            self.config = type("C", (), {"burst": 125_000, "bandwidth": 125e6})()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
+        at = argv[argv.index("--at") + 1]
+        sweep = "--no-sweep" not in argv
+        launches.append((at, sweep))
+        probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if sweep else {"world": 2}
+        probe["at_size"] = [[int(size), precision, [3e-3] * AT_REPEATS]
+                            for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
+        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
+        return [0, 0]
+
+    monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
+    monkeypatch.setattr("real.testbed.namespaces.Testbed", FakeBed)
+    first = measure_link("1Gbit/s", tmp_path, message_bytes=407_080, at_sizes=((407_080, "fp32"),))
+    assert launches == [("407080:fp32", True)]
+    assert first["fits"]["allreduce_fp32"]["launch_from"] == "run's size, timed"
+    both = ((203_540, "fp16"), (407_080, "fp32"))
+    second = measure_link("1Gbit/s", tmp_path, message_bytes=203_540, at_sizes=both)
+    assert launches[1:] == [("203540:fp16", False)]
+    assert second["fits"]["allreduce_fp16"]["launch_from"] == "run's size, timed"
+    measure_link("1Gbit/s", tmp_path, message_bytes=203_540, at_sizes=both)
+    assert len(launches) == 2  # everything cached
+    with pytest.raises(ValueError, match="at_sizes entry"):
+        measure_link("1Gbit/s", tmp_path, at_sizes=((3, "fp16"),))
+
+
+def test_the_study_times_every_all_reduce_its_runs_send_at_their_rate_and_on_their_hosts():
+    configs = validation.grid(schemes=("allreduce", "allreduce:precision=fp16", "ps", "localsgd:period=4"))
+    fp32, fp16 = (wire_bytes(validation.model_bytes("mlp") * r, precision) for r, precision in ((1, "fp32"),
+                                                                                                 (0.5, "fp16")))
+    sizes = validation.timed_sizes([c for c in configs if c.model == "mlp"], "1Gbit/s", 4)
+    assert sizes == tuple(sorted({(fp32, "fp32"), (fp16, "fp16")}))
+    assert fp32 == 4 * sum(p.numel() for p in build("mlp", 0).parameters())  # every parameter, 4 bytes each
+    # parameter servers' traffic is point to point and one worker sends nothing: none of theirs
+    assert validation.timed_sizes([validation.Config("ps", 2, "1Gbit/s", "mlp"),
+                                   validation.Config("allreduce", 1, "1Gbit/s", "mlp")], "1Gbit/s", 2) == ()
 
 
 def test_a_rate_that_depends_on_size_is_fitted_at_the_run_s_message_size():
@@ -318,8 +419,9 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     probed = []
     fit = {"alpha": 1e-4, "launch": 3e-3, "bandwidth": 5e6}
 
-    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts):
+    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, at_sizes):
         probed.append(hosts)
+        assert all(precision in ("fp32", "fp16") for _, precision in at_sizes)
         return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0}, "allreduce_fp32": fit,
                                           "allreduce_fp16": fit}}
 
@@ -382,11 +484,11 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
     from real.testbed import calibration
 
     ranks = [{"steps": [1e-3, 3e-3], "forward": [2e-4, 2e-4], "backward": [6e-4, 6e-4], "layers": [8],
-              "after_idle": [[2e-3, 3e-3], [3e-3, 3e-3], [1e-3, 1e-3]]},
+              "meetings": 7, "after_idle": [[2e-3, 3e-3], [3e-3, 3e-3], [1e-3, 1e-3]]},
              {"steps": [2e-3, 2e-3], "forward": [4e-4, 4e-4], "backward": [1e-3, 1e-3], "layers": [8],
-              "after_idle": [[2e-3, 3e-3], [4e-3, 4e-3], [1e-3, 1e-3]]},
+              "meetings": 7, "after_idle": [[2e-3, 3e-3], [4e-3, 4e-3], [1e-3, 1e-3]]},
              {"steps": [9e-3, 11e-3], "forward": [3e-4, 3e-4], "backward": [9e-3, 9e-3], "layers": [8],
-              "after_idle": [[50e-3], [50e-3], [50e-3]]}]
+              "meetings": 7, "after_idle": [[50e-3], [50e-3], [50e-3]]}]
     given = []
 
     def time_steps(model, batch_size, scheme, folder, slow):
@@ -408,7 +510,7 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
     calibration._compute_rank(str(out), "mlp", 32, "allreduce", slow=3.0)
     result = json.loads(out.read_text())
     assert given == [1.0]  # rank 0 is not the last: it runs unslowed
-    assert result["processes"] == 3 and result["slow"] == 3.0
+    assert result["processes"] == 3 and result["slow"] == 3.0 and result["meets"] == 7
     assert result["slowed_time"] == pytest.approx(10e-3)  # the last rank's mean step
     assert result["compute_time"] == pytest.approx(2e-3) and result["forward_time"] == pytest.approx(3e-4)
     assert result["per_rank"] == pytest.approx([2e-3, 2e-3])
@@ -430,13 +532,15 @@ def test_idle_cost_needs_timings_after_every_gap():
         idle_cost(1e-3, [[2e-3]] * (len(IDLE_GAPS) - 1) + [[]])
 
 
-def test_a_cached_compute_probe_without_an_idle_cost_is_measured_again(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lacking", ["idle_cost", "meets"])
+def test_a_cached_compute_probe_from_before_a_field_was_measured_is_measured_again(tmp_path, monkeypatch, lacking):
+    # idle_cost (the idle gaps) and meets (ranks meeting at their scheme's collectives) came later
     from real.testbed import calibration
 
     folder = tmp_path / "cal"
     folder.mkdir()
     name = "compute-mlp-b32-p2-allreduce.json"
-    (folder / name).write_text(json.dumps({k: v for k, v in FAKE_COMPUTE.items() if k != "idle_cost"}))
+    (folder / name).write_text(json.dumps({k: v for k, v in FAKE_COMPUTE.items() if k != lacking}))
     started = []
 
     def start_ranks(processes, module, argv):
@@ -444,7 +548,7 @@ def test_a_cached_compute_probe_without_an_idle_cost_is_measured_again(tmp_path,
         Path(argv[1]).write_text(json.dumps(FAKE_COMPUTE))
 
     monkeypatch.setattr("real.run.start_ranks", start_ranks)
-    assert calibration.measure_compute("mlp", 32, 2, folder)["idle_cost"] == FAKE_COMPUTE["idle_cost"]
+    assert calibration.measure_compute("mlp", 32, 2, folder)[lacking] == FAKE_COMPUTE[lacking]
     assert started == [2]
     calibration.measure_compute("mlp", 32, 2, folder)  # now cached with it: not measured again
     assert started == [2]
