@@ -263,8 +263,14 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
             at_size = float(np.interp(message_bytes, n, t))
         if name != "pingpong" and at_size is not None:
             # what the closed form leaves of the time at the run's size is the launch, so that the
-            # form passes through it
-            launch = max(at_size - messages * alpha - max(0.0, scale * message_bytes - burst) / bandwidth, 0.0)
+            # form passes through it; where the line's rate leaves less than nothing, that rate
+            # contradicts the time at the run's size (two sizes' timings can make a steep slope), and
+            # the rate is the one that time implies, with no launch
+            wire = max(0.0, scale * message_bytes - burst)
+            launch = at_size - messages * alpha - wire / bandwidth
+            if launch < 0 and wire > 0 and at_size > messages * alpha:
+                bandwidth, launch = wire / (at_size - messages * alpha), 0.0
+            launch = max(launch, 0.0)
             launch_from = "run's size, timed" if timed else "run's size"
         fits[name] = {"alpha": alpha, "launch": launch, "launch_from": launch_from, "bandwidth": bandwidth,
                       "r2": r2, "burst_fitted": (launch + messages * alpha - intercept) * bandwidth,

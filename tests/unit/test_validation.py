@@ -178,6 +178,16 @@ def test_a_collective_timed_at_the_run_s_size_passes_through_the_trimmed_mean_of
     assert fit_links(probe, burst, message_bytes=message * 2)["allreduce_fp32"]["launch"] == pytest.approx(launch)
     with pytest.raises(ValueError, match="at least one timing"):
         at_size_time([])
+    # A line whose rate is too slow for the time at the run's size (at 1 Gbit/s a four-host probe's line
+    # through two sizes, one of them stalled, said 19.6 MB/s where the run's 204 kB took 8.2 ms): the
+    # form still passes through that time, with no launch and the rate the time implies.
+    quick = [2e-3] * AT_REPEATS
+    probe["at_size"] = [[wire_bytes(message, "fp32"), "fp32", quick]]
+    slow_line = dict(probe, allreduce_fp32=[(n, t * 10, [x * 10 for x in xs]) for n, t, xs in probe["allreduce_fp32"]])
+    fit = fit_links(slow_line, burst, message_bytes=message)["allreduce_fp32"]
+    assert fit["launch"] == 0.0
+    closed_form = 2 * (p - 1) * fit["alpha"] + max(0.0, sent * message - burst) / fit["bandwidth"]
+    assert closed_form == pytest.approx(2e-3, rel=1e-9)
 
 
 def test_the_link_probe_times_the_runs_sizes_once_and_a_cached_probe_only_the_missing_ones(monkeypatch, tmp_path):
