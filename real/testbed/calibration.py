@@ -10,12 +10,16 @@ Every number the simulator is given is measured here, on this machine, and has a
   on a token-bucket link. The all-reduce fit at the scheme's precision is the link of workers that
   all-reduce (what collectives see, reduction arithmetic included), the ping-pong fit that of workers
   that push and pull and of the parameter servers (point-to-point traffic); all carry the testbed's
-  bucket as their burst.
+  bucket as their burst. The all-reduces the runs send (``at_sizes``) are also timed at their own
+  size, each after a busy rest, and a collective's closed form passes through their trimmed mean
+  (at_size_time: small gloo all-reduces here are bimodal, and a step time is a mean).
 - **compute**: ``processes`` local ranks each time the executor's step of the configuration's scheme at
   once, as the configuration's workers do when they share this machine's cores: real.executor's own loop
   (the batch, forward and backward through DDP and its hooks, the optimizer step or the push's and
   pull's tensor work, the trace) with collectives over a group of one rank and a parameter-server client
-  that sends nothing (FreeNetwork), so everything but the communication the link fits price. The mean
+  that sends nothing (FreeNetwork), so everything but the communication the link fits price. The
+  ranks meet after each step whose plan all-reduces or averages, as a run's workers leave each
+  collective together and then compute at once. The mean
   over ranks and steps is the workload's compute time, its coefficient of variation the cluster's
   jitter, and the backward's share of the step the workload's backward_fraction (when DDP's buckets
   become ready). For a scheme with parameter servers the ranks then time steps that each follow an
