@@ -157,18 +157,26 @@ def model_bytes(model: str) -> float:
     return sum(param_layers(build(model, 0)))
 
 
+def message_bytes(config: Config) -> float:
+    """What a run of ``config`` sends at once: its gradient (or local SGD's parameters, or a push) at the
+    scheme's wire precision."""
+    from syncsim.schemes import parse
+
+    return model_bytes(config.model) * parse(config.scheme).wire_ratio
+
+
 def timed_sizes(configs, bandwidth: str, hosts: int) -> tuple[tuple[int, str], ...]:
-    """(bytes, precision) of what each of ``configs`` that all-reduces over ``hosts`` hosts at ``bandwidth``
-    sends at once (the gradient, or local SGD's parameters, at the wire precision): the sizes its link
-    probe times as the runs send them (real.testbed.calibration.measure_link), all in one probe."""
+    """(bytes, precision) of message_bytes of each of ``configs`` that all-reduces over ``hosts`` hosts at
+    ``bandwidth``: the sizes its link probe times as the runs send them
+    (real.testbed.calibration.measure_link), all in one probe."""
     from real.testbed.calibration import wire_bytes
     from syncsim.schemes import parse
 
     sizes = set()
     for config in configs:
         if not config.servers and config.world > 1 and (config.bandwidth, config.link_hosts) == (bandwidth, hosts):
-            spec = parse(config.scheme)
-            sizes.add((wire_bytes(model_bytes(config.model) * spec.wire_ratio, spec.precision), spec.precision))
+            precision = parse(config.scheme).precision
+            sizes.add((wire_bytes(message_bytes(config), precision), precision))
     return tuple(sorted(sizes))
 
 
@@ -192,7 +200,7 @@ def calibrate(config: Config, args: argparse.Namespace):
     compute = measure_compute(config.model, args.batch_size, config.world, folder, scheme=config.scheme,
                               slow=config.slow)
     # the links' rates around the size of what the run sends at once: the gradient at the wire precision
-    message = sum(compute["layers"]) * spec.wire_ratio
+    message = message_bytes(config)
     # every all-reduce of the study's runs at this rate and on these hosts is also timed at its own size
     hosts = config.link_hosts
     measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message, hosts=hosts,

@@ -28,6 +28,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _join(rank: int, world: int, port: int, calibration, seconds: float) -> None:
+    """This spawned rank joins a gloo group of ``world`` on one math thread; the compute probe times at
+    least ``seconds`` (its own minimum is for a quiet measurement, not for these checks)."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    calibration.COMPUTE_SECONDS = seconds
+
+
 def _rank(rank: int, port: int, folder: str) -> None:
     import statistics
     import time
@@ -37,10 +48,7 @@ def _rank(rank: int, port: int, folder: str) -> None:
     from real.testbed import calibration
     from real.trace import Recorder
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=1)
-    calibration.COMPUTE_SECONDS = 0.3  # the probe's own minimum is for a quiet measurement, not for this check
+    _join(rank, 1, port, calibration, 0.3)
     span = Recorder.span
     calls = {"n": 0}
 
@@ -115,10 +123,7 @@ def _meeting_rank(rank: int, port: int, folder: str) -> None:
 
     from real.testbed import calibration
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    calibration.COMPUTE_SECONDS = 0.2
+    _join(rank, 2, port, calibration, 0.2)
     mine = {}
     for scheme in ("allreduce", "localsgd:period=4", "ps"):
         timed = calibration._time_worker_steps("mlp", 32, scheme, folder, slow=SLOW if rank == 1 else 1.0)
