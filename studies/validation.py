@@ -210,7 +210,13 @@ def calibrate(config: Config, args: argparse.Namespace):
     # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes
     # and pulls (the same shaped veth; a collective's rate would charge them its reduction and rounds).
     sent = fits["pingpong"] if config.servers else fits[f"allreduce_{spec.precision}"]
-    link = Link(bandwidth=sent["bandwidth"], latency=sent["alpha"], burst=burst)
+    # The shaper's bucket refills at the shaper's own rate whatever rate a collective achieves through it
+    # (a gloo all-reduce of a small model here: 25-57 MB/s, its reduction and rounds included, through a
+    # 1 Gbit/s shaper); the ping-pong, one stream alone on the link, measures that rate in payload bytes
+    # (118 MB/s at 1 Gbit/s: a 1514-byte frame carries 1448). A fitted collective rate above it (four
+    # hosts' rings overlap their hops) leaves it at that rate.
+    refill = max(fits["pingpong"]["bandwidth"], sent["bandwidth"])
+    link = Link(bandwidth=sent["bandwidth"], latency=sent["alpha"], burst=burst, refill=refill)
     # A server's NIC carries concurrent pushes (and pulls) of the whole gradient: how two of them split
     # the shaper, measured at that size (real.testbed.calibration.measure_sharing), sets its weights.
     sharing = {"weight": 1.0, "spread": 0.0}

@@ -57,7 +57,13 @@ class Link:
     burst: float | str = 0.0
     """Bytes a rate-limited link lets through at once after an idle spell, before its rate applies:
     the bucket of a token-bucket shaper (tc-tbf's ``burst``; a cloud NIC's burst allowance), refilled
-    at the link's rate while it is idle. 0 (a plain link): every byte is serialised at the rate."""
+    at the link's ``refill`` rate. 0 (a plain link): every byte is serialised at the rate."""
+    refill: float | str | None = None
+    """Bytes/s at which the bucket refills: the shaper's own rate (tc-tbf's ``rate``), at least
+    ``bandwidth``. None (the default): ``bandwidth``. The two differ where what crosses the link
+    achieves less than the shaper allows (a collective over TCP whose rate includes its reduction
+    arithmetic and rounds): the bucket still refills at the shaper's rate, all the time, so a
+    collective that sends its bytes slower than that never empties it (tc-tbf(8))."""
     newcomer_weight: float = 1.0
     """How flows sharing the link at once divide it (the parameter servers' NICs): the most recently
     started active flow receives this many times the rate of each other one, on average. 1 (the
@@ -75,8 +81,20 @@ class Link:
         object.__setattr__(self, "latency", check_float("Link", "latency", latency, low=0.0))
         burst = parse_size(self.burst, "Link.burst")
         object.__setattr__(self, "burst", check_float("Link", "burst", burst, low=0.0))
+        if self.refill is not None:
+            refill = check_positive("Link", "refill", parse_bandwidth(self.refill, "Link.refill"))
+            if refill < self.bandwidth:  # type: ignore[operator]
+                raise ValueError(f"Link.refill must be at least Link.bandwidth ({self.bandwidth:g} B/s): a "
+                                 f"token bucket refilled slower than the link sends would cap its rate; "
+                                 f"got {refill:g} B/s")
+            object.__setattr__(self, "refill", refill)
         object.__setattr__(self, "newcomer_weight", check_positive("Link", "newcomer_weight", self.newcomer_weight))
         object.__setattr__(self, "sharing_spread", check_float("Link", "sharing_spread", self.sharing_spread, low=0.0))
+
+    @property
+    def refill_rate(self) -> float:
+        """Bytes/s at which the bucket refills: ``refill``, or the link's bandwidth."""
+        return float(self.bandwidth if self.refill is None else self.refill)  # type: ignore[arg-type]
 
     def transfer_time(self, nbytes: float) -> float:
         """alpha + max(0, n - burst)/B: the time to send one message of ``nbytes`` over a long-idle link."""

@@ -59,15 +59,17 @@ class Communicator:
         self._cost: dict[tuple[str, float], tuple[str, float]] = {}
         self._wire: dict[tuple[str, float], float] = {}
         self._all = np.arange(self.workers)
-        # Links with a burst (token-bucket shapers) pass that many bytes at once after an idle spell:
-        # a collective's transmission time shrinks by the tokens its slowest link gathered since the
-        # previous collective, refilled at that link's rate. Every worker's link idles and refills
-        # alike, so one bucket stands for all of them.
+        # Links with a burst (token-bucket shapers, tc-tbf) pass the tokens they hold at once: a
+        # collective's transmission time shrinks by the tokens its slowest link holds when it has bytes
+        # to send. The bucket refills at the shaper's rate (Link.refill), as tc-tbf's does: between
+        # collectives, and, where a collective's own rate is below the shaper's, while it sends.
+        # Every worker's link idles and refills alike, so one bucket stands for all of them.
         links = [link for link in (cluster.intra if cluster.gpus_per_node > 1 else None,
                                    cluster.inter if cluster.nodes > 1 else None) if link is not None]
         slowest = min(links, key=lambda link: link.bandwidth) if links else None  # type: ignore[arg-type,return-value]
         self.burst = float(slowest.burst) if slowest is not None else 0.0  # type: ignore[arg-type]
-        self.refill = float(slowest.bandwidth) if slowest is not None else 0.0  # type: ignore[arg-type]
+        self.rate = float(slowest.bandwidth) if slowest is not None else 0.0  # type: ignore[arg-type]
+        self.refill = slowest.refill_rate if slowest is not None else 0.0
         self.tokens = self.burst
         if self.burst:
             wire = {name: None if link is None else Link(link.bandwidth)  # the same links, latencies aside
@@ -87,8 +89,25 @@ class Communicator:
         key = (algorithm, nbytes)
         wire = self._wire.get(key)
         if wire is None:
-            wire = self._wire[key] = allreduce_time(algorithm, nbytes, self._wire_cluster) * self.refill
+            wire = self._wire[key] = allreduce_time(algorithm, nbytes, self._wire_cluster) * self.rate
         return wire
+
+    def _shaped(self, seconds: float, wire: float, idle: float) -> float:
+        """The time of a collective of ``seconds`` (every byte at the link's rate) that sends ``wire``
+        bytes over the slowest link after it idled ``idle`` seconds, given the bucket; updates the bucket.
+
+        The tokens held when it starts (the bucket's, refilled through the idle spell) pass at once, the
+        rest at the link's rate, during which the bucket gains what the shaper refills beyond that rate.
+        The bytes that crossed by any instant are then at most the bucket plus the shaper's rate times
+        the time elapsed, tc-tbf's bound. Its launch and hops' latencies refill nothing: they interleave
+        with its sending (a ring's rounds follow one another), and the form its time was fitted to
+        (α + max(0, n - burst)/B per hop after a full bucket, real.testbed.calibration) credits a full
+        bucket with exactly ``burst`` bytes."""
+        held = min(self.burst, self.tokens + idle * self.refill)
+        credit = min(held, wire)
+        rest = (wire - credit) / self.rate
+        self.tokens = min(self.burst, held - credit + rest * (self.refill - self.rate))
+        return seconds - credit / self.rate
 
     def join(self, worker: int, step: int, kind: str, buckets: tuple[float, ...], ready: tuple[float, ...],
              algorithm: str, base: float, span: float, computed: bool) -> simpy.Event:
@@ -122,10 +141,7 @@ class Communicator:
                 first = start
             ran, seconds = self.cost(pending.algorithm, nbytes)
             if self.burst:
-                self.tokens = min(self.burst, self.tokens + (start - clock) * self.refill)
-                credit = min(self.tokens, self.wire_bytes(ran, nbytes))
-                self.tokens -= credit
-                seconds -= credit / self.refill
+                seconds = self._shaped(seconds, self.wire_bytes(ran, nbytes), start - clock)
             clock = start + seconds
             recorder.collective(pending.step, pending.kind, b, nbytes, ran, start, clock)
         end = clock

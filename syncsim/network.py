@@ -17,8 +17,10 @@ The link models transmission only: propagation latency is charged by its
 users, who fold it into a wait they make anyway (see syncsim.engine).
 
 A link with a ``burst`` is a token-bucket shaper (tc-tbf): while idle it
-gathers tokens at its rate, up to ``burst`` bytes, and a flow arriving at the
-idle link passes that many of its bytes at once; a busy link has spent them.
+gathers tokens at its ``refill`` rate (by default its bandwidth), up to
+``burst`` bytes, and a flow arriving at the idle link passes that many of its
+bytes at once; a busy link has spent them (what a shaper refilling faster than
+its flows send would gather while busy is not modelled).
 
 A link may share unequally (``newcomer_weight`` w0, ``sharing_spread`` sigma):
 the most recently started of its active flows gets weight w = w0 * exp(sigma*Z),
@@ -71,8 +73,8 @@ class _Newcomer:
 
 class SharedLink:
     def __init__(self, env: simpy.Environment, bandwidth: float, cap: float = math.inf, name: str = "link",
-                 burst: float = 0.0, newcomer_weight: float = 1.0, sharing_spread: float = 0.0,
-                 rng: np.random.Generator | None = None) -> None:
+                 burst: float = 0.0, refill: float | None = None, newcomer_weight: float = 1.0,
+                 sharing_spread: float = 0.0, rng: np.random.Generator | None = None) -> None:
         if not bandwidth > 0:
             raise ValueError(f"SharedLink {name!r}: bandwidth must be > 0, got {bandwidth!r}")
         if not 0 < newcomer_weight < math.inf:
@@ -88,6 +90,7 @@ class SharedLink:
         self.cap = float(cap)
         self.name = name
         self.burst = float(burst)
+        self.refill = self.bandwidth if refill is None else float(refill)  # bytes/s the bucket refills at
         self.newcomer_weight = float(newcomer_weight)
         self.sharing_spread = float(sharing_spread)
         self._rng = rng
@@ -134,7 +137,7 @@ class SharedLink:
         heap = self._heap
         # an idle shaper: its bucket lets bytes through at once
         if self.burst and not heap and self._newcomer is None and nbytes > 0:
-            self.tokens = min(self.burst, self.tokens + (now - self._idle_since) * self.bandwidth)
+            self.tokens = min(self.burst, self.tokens + (now - self._idle_since) * self.refill)
             granted = min(self.tokens, nbytes)
             self.tokens -= granted
             self._idle_since = now

@@ -44,7 +44,7 @@ class ServerGroup:
         # an idle spell at once, whoever sends them; the workers' own buckets are not modelled. Its
         # newcomer_weight and sharing_spread say how concurrent pushes (or pulls) divide it; each direction
         # draws its flows' weights from its own stream of the run's seed (apart from syncsim.compute's).
-        shaping = {"cap": cap, "burst": net.burst, "newcomer_weight": net.newcomer_weight,
+        shaping = {"cap": cap, "burst": net.burst, "refill": net.refill_rate, "newcomer_weight": net.newcomer_weight,
                    "sharing_spread": net.sharing_spread}
         self.down = SharedLink(env, net.bandwidth, name="server-in", rng=np.random.default_rng([seed, _IN]),
                                **shaping)  # type: ignore[arg-type]
