@@ -284,6 +284,45 @@ def test_back_to_back_buckets_share_one_burst(p, n, bandwidth, burst):
     assert res.step_time == pytest.approx(compute + (2 * wire - first - second) / bandwidth, rel=1e-9)
 
 
+# Basis: tc-tbf refills its bucket at its own rate R all the time (tc-tbf(8)), whatever rate what
+# crosses it reaches. A collective sending at B < R leaves (R - B) per second of its sending in the
+# bucket, and a compute spell c adds R c. Once those refill what the first collective took from a full
+# bucket, min(burst, wire), every collective meets the bucket the first met, and each step costs
+# compute + 2(p-1)α + max(0, wire - burst)/B. (Refilled at B instead, the steps after the first cost
+# more: what this compute gives back at B is less than what the first collective took.)
+@given(st.integers(2, 16), sizes, latencies, st.floats(1e7, 1e10), st.floats(1.2, 20), st.floats(1e3, 1e7))
+def test_a_bucket_refilled_at_the_shaper_s_rate_meets_every_collective_as_full_as_the_first(
+        p, n, alpha, bandwidth, faster, burst):
+    wire = 2 * (p - 1) / p * n
+    refill = faster * bandwidth
+    rest = max(0.0, wire - burst) / bandwidth  # the first collective's sending at B, after the bucket
+    compute = max(1e-6, (min(burst, wire) - rest * (refill - bandwidth)) / refill * 1.001)
+    link = Link(bandwidth, alpha, burst=burst, refill=refill)
+    res = simulate(Cluster.homogeneous(p, link), Workload(n, compute),
+                   AllReduce(algorithm="ring", bucket_bytes=2 * n, overlap=False), steps=6)
+    expected = compute + 2 * (p - 1) * alpha + rest
+    assert res.step_time == pytest.approx(expected, rel=1e-9)
+    collectives = res.collectives
+    assert (collectives["end"] - collectives["start"]).to_numpy() == pytest.approx(expected - compute, rel=1e-9)
+
+
+# Basis: a token bucket of b bytes refilled at R lets at most b + R t bytes through in any t from a
+# full bucket (tc-tbf(8)): by the end of every collective, the bytes the ring sent over each link
+# since the start are at most burst + R x that time, whatever the compute, latency and buckets.
+@given(st.integers(2, 8), sizes, latencies, st.floats(1e7, 1e10), st.floats(1, 20), st.floats(0, 1e7),
+       st.floats(1e-6, 1e-1), st.sampled_from([1, 2, 3]))
+def test_a_shaped_link_never_passes_more_than_its_bucket_and_refill(p, n, alpha, bandwidth, faster, burst,
+                                                                    compute, buckets):
+    refill = faster * bandwidth
+    link = Link(bandwidth, alpha, burst=burst, refill=refill)
+    res = simulate(Cluster.homogeneous(p, link), Workload(n, compute),
+                   AllReduce(algorithm="ring", bucket_bytes=n / buckets * 1.0001, overlap=False), steps=5)
+    collectives = res.collectives.sort_values("end")
+    sent = (2 * (p - 1) / p * collectives["bytes"]).cumsum().to_numpy()
+    allowed = burst + refill * collectives["end"].to_numpy()
+    assert (sent <= allowed * (1 + 1e-9)).all()
+
+
 # Basis: with one GPU there is nobody to exchange with, and zero bytes need no exchange: every
 # algorithm costs nothing (a mutation survivor charged a lone tree a second).
 # Basis: any message, however small, is a collective: it pays the launch and its hops' latencies.

@@ -22,10 +22,10 @@ class Draws:
         return self.values.pop(0)
 
 
-def run_link(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0, spread=0.0, draws=()):
+def run_link(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0, spread=0.0, draws=(), refill=None):
     """Finish time of each (start, bytes) flow on a SharedLink."""
     env = simpy.Environment()
-    link = SharedLink(env, bandwidth, cap=cap, burst=burst, newcomer_weight=newcomer_weight,
+    link = SharedLink(env, bandwidth, cap=cap, burst=burst, refill=refill, newcomer_weight=newcomer_weight,
                       sharing_spread=spread, rng=Draws(draws))
     finish = [None] * len(flows)
 
@@ -57,10 +57,11 @@ def water_fill(weights, bandwidth, cap):
     return rates
 
 
-def reference(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0, spread=0.0, draws=()):
+def reference(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0, spread=0.0, draws=(), refill=None):
     """Brute force: advance to the next arrival or completion, recomputing every rate (O(n) per event).
 
-    A token bucket of ``burst`` bytes (tc-tbf) fills at the link's rate while no flow is active, and
+    A token bucket of ``burst`` bytes (tc-tbf) fills at ``refill`` (default: the link's rate) while no
+    flow is active, and
     a flow arriving then passes as many of its bytes as it holds at once. The flow that arrived last,
     while it is active, weighs ``newcomer_weight`` (times exp(spread * z), z the next of ``draws`` for each
     flow that enters the link); every other flow weighs 1."""
@@ -71,6 +72,7 @@ def reference(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0
     pending = sorted(range(len(flows)), key=lambda i: flows[i][0])
     now = 0.0
     tokens, idle_since = burst, 0.0
+    refill = bandwidth if refill is None else refill
     newest = None
     while pending or remaining:
         rates = water_fill({i: weight if i == newest else 1.0 for i in remaining}, bandwidth, cap)
@@ -91,7 +93,7 @@ def reference(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0
             i = pending.pop(0)
             size = flows[i][1]
             if not remaining:
-                tokens = min(burst, tokens + (now - idle_since) * bandwidth)
+                tokens = min(burst, tokens + (now - idle_since) * refill)
                 granted = min(tokens, size)
                 tokens, size, idle_since = tokens - granted, size - granted, now
             if size > 0:
@@ -169,6 +171,18 @@ def test_a_burst_passes_at_once_after_an_idle_spell():
     assert run_link([(0.0, 1e6), (0.85, 1e6)], 1e6, burst=2.5e5) == [approx(0.75), approx(1.75)]
     # a flow that fits in the bucket passes at once; the link stays idle
     assert run_link([(0.0, 1e5)], 1e6, burst=2.5e5) == [approx(0.0)]
+    # a shaper refilling at 2 MB/s (its own rate; the flows reach 1 MB/s through it) holds 0.2 MB 0.1 s
+    # after the first flow: the second's 0.8 MB left end 0.8 s later
+    assert run_link([(0.0, 1e6), (0.85, 1e6)], 1e6, burst=2.5e5, refill=2e6) == [approx(0.75), approx(1.65)]
+
+
+@given(st.lists(st.tuples(st.floats(0, 5), st.floats(1e3, 1e7)), min_size=1, max_size=25),
+       st.floats(1e5, 1e8), st.floats(0, 1e6), st.floats(1, 10))
+def test_a_bucket_refilled_at_the_shapers_rate_matches_brute_force(flows, bandwidth, burst, faster):
+    flows = sorted(flows)
+    got = run_link(flows, bandwidth, burst=burst, refill=faster * bandwidth)
+    want = reference(flows, bandwidth, burst=burst, refill=faster * bandwidth)
+    assert got == [approx(w, rel=1e-9, abs=1e-9) for w in want]
 
 
 @given(st.lists(st.tuples(st.floats(0, 5), st.floats(1e3, 1e7)), min_size=1, max_size=25),

@@ -56,7 +56,10 @@ def call_replay(lr=0.1, momentum=0.0, seed=0, every=None):
 # target -> (callable, valid keyword arguments, {field: strategy of values it must refuse})
 TARGETS = {
     "Link": (Link, dict(bandwidth="1Gbit/s"), {
-        "bandwidth": bad_units(BANDWIDTH), "latency": bad_units(TIME, low_open=False)}),
+        "bandwidth": bad_units(BANDWIDTH), "latency": bad_units(TIME, low_open=False),
+        # None is the default (the bandwidth); a bucket refilled slower than the link sends is refused
+        "refill": st.one_of(bad_units(BANDWIDTH).filter(lambda v: v is not None),
+                            st.sampled_from(["100Mbit/s", 1.0, 1.2e8]))}),
     "Cluster": (Cluster, dict(nodes=2, gpus_per_node=2, intra=LINK, inter=LINK), {
         "nodes": bad_counts(1, MAX_GPUS), "gpus_per_node": bad_counts(1, MAX_GPUS),
         "servers": bad_counts(0, MAX_GPUS), "jitter": bad_reals(0.0, 10.0),
