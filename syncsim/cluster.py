@@ -62,8 +62,8 @@ class Link:
     """Bytes/s at which the bucket refills: the shaper's own rate (tc-tbf's ``rate``), at least
     ``bandwidth``. None (the default): ``bandwidth``. The two differ where what crosses the link
     achieves less than the shaper allows (a collective over TCP whose rate includes its reduction
-    arithmetic and rounds): the bucket still refills at the shaper's rate, all the time, so a
-    collective that sends its bytes slower than that never empties it (tc-tbf(8))."""
+    arithmetic and rounds): the bucket still refills at the shaper's rate, all the time, so what a
+    collective sending slower than that took from it comes back while it sends (tc-tbf(8))."""
     newcomer_weight: float = 1.0
     """How flows sharing the link at once divide it (the parameter servers' NICs): the most recently
     started active flow receives this many times the rate of each other one, on average. 1 (the
