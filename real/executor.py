@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import statistics
 import time
 import warnings
 
@@ -56,6 +57,14 @@ __all__ = ["Executor", "checksum", "flat_params"]
 # DEFAULT_BACKWARD_FRACTION): a --slow rank sleeps (factor-1)·3·forward
 # between forward and backward, so its buckets are also late, as on a slow GPU.
 COMPUTE_PER_FORWARD = 3.0
+# That forward is timed once, warm: the median of WARM_FORWARDS forwards run
+# back to back at the rank's first step. A slow GPU runs its kernels factor
+# times as long, but not the host's wake-up after a wait for peers (a step
+# right after idling computes longer: syncsim's Workload.idle_cost), and each
+# step's own forward carries that wake-up: a sleep sized from it multiplied the
+# wake-up by 1 + (factor-1)·3 (the small model's slowed worker, factor 3, took
+# 7.4 ms a step in a 200 Mbit/s asynchronous run where its calibration said 3.2).
+WARM_FORWARDS = 5
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
@@ -95,6 +104,7 @@ class Executor:
         self.completed = 0
         self.clock = 0  # completed pushes: the clock WaitForClock compares
         self.slow = cfg.slow_factor(rank)
+        self.slow_wait: float | None = None  # a --slow rank's sleep per step, set at its first step
         self.failure = cfg.failure(rank)
         actions = self.policy.actions(cfg.steps)
         kinds = {type(a) for a in actions}
@@ -175,6 +185,8 @@ class Executor:
     # -- handlers -----------------------------------------------------------------
     def compute(self, action: Compute) -> None:
         x, y = self.data.batch(self.worker, self.step, self.cfg.world, self.cfg.batch_size)
+        if self.slow > 1.0 and self.slow_wait is None:
+            self.slow_wait = (self.slow - 1.0) * COMPUTE_PER_FORWARD * self.warm_forward_time(x)
         if self.hook_state is not None:
             self.hook_state.reset()
             if self.reduce is not None:
@@ -188,8 +200,8 @@ class Executor:
                 loss = F.cross_entropy(self.net(x), y)
             forward_end = self.recorder.now()
             self.forward_time = forward_end - start  # the calibration reads it too
-            if self.slow > 1.0:
-                time.sleep((self.slow - 1.0) * COMPUTE_PER_FORWARD * self.forward_time)
+            if self.slow_wait:
+                time.sleep(self.slow_wait)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         self.heartbeat.beat()  # back to own work (DDP's hook marked the wait for the all-reduce)
         self.backward_end = self.recorder.now()
@@ -201,6 +213,21 @@ class Executor:
         if self.reduce is not None and self.hook_state.last_ready is not None:
             end = self.hook_state.last_ready - self.recorder.t0
         self.recorder.span(self.worker, self.step, "compute", start, end)
+
+    def warm_forward_time(self, x: torch.Tensor) -> float:
+        """The median of WARM_FORWARDS forwards of this rank's model on ``x``, back to back after one
+        untimed: what a --slow rank's sleep is sized from. The bare module runs them (not DDP's wrapper,
+        whose forward would prepare a reduction no backward follows); their graphs are dropped."""
+        times = []
+        with self.autocast():
+            for i in range(WARM_FORWARDS + 1):
+                start = time.perf_counter()
+                self.model(x)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                if i:
+                    times.append(time.perf_counter() - start)
+        return statistics.median(times)
 
     def _apply(self) -> None:
         if self.scaler is not None:

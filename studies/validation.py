@@ -260,8 +260,8 @@ def slow_speed(compute: dict) -> float:
     """The speed factor of a worker run with ``--slow RANK:factor``: the others' step over the slowed
     rank's, both timed by the compute probe (measure_compute with ``slow``).
 
-    real.executor makes that rank sleep (factor - 1) x COMPUTE_PER_FORWARD x its forward time between
-    forward and backward, and a process computes slower right after a sleep than back to back: the
+    real.executor makes that rank sleep (factor - 1) x COMPUTE_PER_FORWARD x its forward time (timed warm,
+    once) between forward and backward, and a process computes slower right after a sleep than back to back: the
     small model's slowed step (factor 3) took 3.0-5.9 ms in the probe, where compute + that sleep
     computed from the others' times gives 1.5-2.8 ms, and 3.8-6.4 ms in the grid's runs. So the slowed
     step is measured, not derived."""

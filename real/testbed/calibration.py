@@ -31,9 +31,11 @@ Every number the simulator is given is measured here, on this machine, and has a
   charged them the sleep-measured cost, two all-reducing workers of the small model were simulated at
   2.7-2.9 ms a step's compute where their runs computed 1.1-1.2 ms. For a run with a straggler the probe's last rank
   is slowed as ``--slow RANK:F`` slows the run's last worker (real.executor: a sleep of (F-1) x 3 x its
-  forward time between forward and backward), and its step is reported apart (``slowed_time``): it sets
+  forward time, timed warm once, between forward and backward), and its step is reported apart (``slowed_time``): it sets
   that worker's speed factor in the simulator, measured rather than derived, since compute right after
-  a sleep is slower than back to back (the same effect as the idle cost's).
+  a sleep is slower than back to back (the same effect as the idle cost's). Schemes whose workers do
+  the same work (the parameter servers' synchronous, asynchronous and SSP modes) share one compute
+  probe (worker_work).
 
 Results are cached as JSON under the calibration folder, so a resumed study measures nothing twice.
 ``python -m real.testbed.calibration --probe|--compute ...`` is what the ranks run.
@@ -53,7 +55,8 @@ from pathlib import Path
 
 from syncsim.files import write_atomic
 
-__all__ = ["SWEEP", "FreeNetwork", "measure_link", "measure_sharing", "fit_sharing", "measure_compute", "slug"]
+__all__ = ["SWEEP", "FreeNetwork", "measure_link", "measure_sharing", "fit_sharing", "measure_compute", "slug",
+           "worker_work"]
 
 SWEEP = tuple(2**k for k in range(12, 23))  # 4 KiB .. 4 MiB, ×2 apart
 WIRE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # all-reduce precisions timed (torch dtypes)
@@ -393,7 +396,7 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
     if not 1.0 <= slow <= MAX_SLOW or (slow > 1 and processes < 2):
         raise ValueError(f"measure_compute: slow must be 1 or, with 2 processes or more, up to {MAX_SLOW:g}; "
                          f"got {slow!r} with {processes} processes")
-    name = f"compute-{model}-b{batch_size}-p{processes}-{slug(scheme)}" + (f"-slow{slow:g}" if slow > 1 else "")
+    name = f"compute-{model}-b{batch_size}-p{processes}-{worker_work(scheme)}" + (f"-slow{slow:g}" if slow > 1 else "")
 
     def measure() -> dict:
         from real.run import start_ranks
@@ -406,6 +409,31 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
 
     # probes from before the ranks met at their scheme's collectives lack "meets" and are measured again
     return _cached(folder / f"{name}.json", measure, needs=("idle_cost", "meets"))
+
+
+def worker_work(scheme: str) -> str:
+    """The name of what a worker of ``scheme`` computes in a step, as its compute probe times it: schemes
+    whose workers do the same work share one probe (a synchronous, an asynchronous and an SSP parameter
+    server's workers compute, push and pull the same tensors: one probe of each model and worker count
+    instead of three, two minutes of the default grid).
+
+    The work is the plan's actions over the probe's steps at the scheme's precision and autocast, less
+    what the probe's FreeNetwork does nothing for: a WaitForClock (a wait for peers, which returns at
+    once) and a push's ``aggregate`` (how the servers apply it; the worker casts and sends the same
+    gradient). Named by the scheme's precision and a digest of that work."""
+    import dataclasses
+    import hashlib
+
+    from syncsim.schemes import parse
+    from syncsim.schemes.actions import Push, WaitForClock
+
+    spec = parse(scheme)
+    steps = COMPUTE_WARMUP + COMPUTE_STEPS
+    policy = spec.policy(4.0)  # which actions occur does not depend on the model's size (real.config)
+    work = [[dataclasses.replace(a, aggregate=True) if isinstance(a, Push) else a
+             for a in policy.plan(step, steps) if not isinstance(a, WaitForClock)] for step in range(steps)]
+    digest = hashlib.sha1(repr((spec.precision, spec.amp, work)).encode()).hexdigest()[:8]
+    return f"{spec.precision}{'-amp' if spec.amp else ''}-{digest}"
 
 
 # -- what the ranks run -------------------------------------------------------------
@@ -678,6 +706,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
                 timings.append(time.perf_counter() - t0)
             after_idle.append(timings)
     layers = list(param_layers(model))
+    slow_wait = executor.slow_wait or 0.0  # a slowed rank's sleep per step (real.executor)
     # The executor refers to itself (its handlers), so only the collector frees it and the DDP module and
     # averager holding this rank's group: now, before the groups are destroyed. Left to the interpreter's
     # exit, a gloo group outliving its process group's teardown aborts the process ("terminate called
@@ -685,7 +714,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     del executor, client
     gc.collect()
     return {"steps": steps, "forward": forward, "backward": backward, "layers": layers, "after_idle": after_idle,
-            "meetings": meetings}
+            "meetings": meetings, "slow_wait": slow_wait}
 
 
 def idle_cost(back_to_back: float, after_idle: list[list[float]]) -> list[tuple[float, float]]:

@@ -149,3 +149,49 @@ def test_allreduce_applies_the_step_logs_its_version_and_spans_from_the_launch(d
     assert me.version == 8 and me.bytes_sent == 144 and me.buckets == [40, 4]
     assert me.recorder.updates[0][:5] == (1, 5, 6, 7, 1)
     assert me.recorder.trace[0][2:] == ("allreduce", start, 2.0, 44)
+
+
+class WakingModel(nn.Module):
+    """``inner``, whose forwards after the first ``fast`` each take ``delay`` seconds longer: a rank that
+    computes a step right after a wait for peers, when the host wakes it up late (syncsim's idle_cost)."""
+
+    def __init__(self, inner: nn.Module, fast: int, delay: float) -> None:
+        super().__init__()
+        self.inner, self.fast, self.delay, self.calls = inner, fast, delay, 0
+
+    def forward(self, x):
+        import time
+
+        self.calls += 1
+        if self.calls > self.fast:
+            end = time.perf_counter() + self.delay
+            while time.perf_counter() < end:  # busy, as a late wake-up is not the sleep under test
+                pass
+        return self.inner(x)
+
+
+def test_a_slow_rank_sleeps_factor_minus_one_times_its_warm_compute_not_its_wake_ups(monkeypatch, tmp_path):
+    # --slow F emulates a GPU whose kernels take F times as long: the rank sleeps (F-1) x COMPUTE_PER_FORWARD
+    # x its forward timed warm, once. A host's late wake-up after a wait is not GPU work, so a step whose
+    # forward carries one sleeps no longer (sized from each step's forward, a 20 ms wake-up would add
+    # (F-1) x 3 x 20 ms = 120 ms to every step of a factor-3 rank).
+    from real.config import RunConfig
+    from real.data import load
+    from real.hooks import WIRE_DTYPES
+    from real.models import build
+    from real.testbed.calibration import FreeNetwork
+
+    slept = []
+    monkeypatch.setattr(executor_module.time, "sleep", slept.append)
+    cfg = RunConfig(scheme="ps", world=1, servers=1, model="mlp", batch_size=8, steps=4, out=str(tmp_path),
+                    slow=((0, 3.0),))
+    inner = build(cfg.model, cfg.seed)
+    client = FreeNetwork(flat_params(inner), WIRE_DTYPES[cfg.spec.precision])
+    delay = 0.02
+    waking = WakingModel(inner, fast=executor_module.WARM_FORWARDS + 1, delay=delay)
+    ex = Executor(cfg, 0, waking, load(cfg.data, cfg.seed), torch.device("cpu"), None, Recorder(0.0), client=client)
+    ex.run()
+    assert len(slept) == cfg.steps and len(set(slept)) == 1  # one sleep a step, the same every step
+    warm = slept[0] / ((3.0 - 1) * executor_module.COMPUTE_PER_FORWARD)
+    assert 0 < warm < delay / 4  # the warm forward of the small model on 8 samples, far under the wake-up
+    assert ex.forward_time >= delay  # while the steps' own forwards carried it
