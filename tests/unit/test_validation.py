@@ -549,7 +549,7 @@ def test_a_cached_compute_probe_from_before_a_field_was_measured_is_measured_aga
 
     folder = tmp_path / "cal"
     folder.mkdir()
-    name = "compute-mlp-b32-p2-allreduce.json"
+    name = f"compute-mlp-b32-p2-{calibration.worker_work('allreduce')}.json"
     (folder / name).write_text(json.dumps({k: v for k, v in FAKE_COMPUTE.items() if k != lacking}))
     started = []
 
@@ -562,6 +562,31 @@ def test_a_cached_compute_probe_from_before_a_field_was_measured_is_measured_aga
     assert started == [2]
     calibration.measure_compute("mlp", 32, 2, folder)  # now cached with it: not measured again
     assert started == [2]
+
+
+def test_schemes_whose_workers_do_the_same_work_share_one_compute_probe(tmp_path, monkeypatch):
+    # A synchronous, an asynchronous and an SSP parameter server differ in how the servers apply a push
+    # and when a worker waits: their workers compute, push and pull the same tensors, which is what the
+    # probe times (its FreeNetwork waits for nothing). Anything that changes a worker's own work (the wire
+    # precision, autocast, DDP's buckets, how often local SGD averages) gets a probe of its own.
+    from real.testbed import calibration
+    from real.testbed.calibration import worker_work
+
+    servers = {worker_work(s) for s in ("ps", "ps:mode=async", "ps:staleness=2", "ps:staleness=5")}
+    assert len(servers) == 1
+    others = ["allreduce", "allreduce:precision=fp16", "allreduce:amp=true", "allreduce:bucket_bytes=1000000",
+              "localsgd:period=4", "localsgd:period=8", "ps:precision=fp16", "ps:amp=true"]
+    assert len({worker_work(s) for s in others} | servers) == len(others) + 1
+    started = []
+
+    def start_ranks(processes, module, argv):
+        started.append(argv[argv.index("--scheme") + 1])
+        Path(argv[1]).write_text(json.dumps(FAKE_COMPUTE))
+
+    monkeypatch.setattr("real.run.start_ranks", start_ranks)
+    for scheme in ("ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=4"):
+        calibration.measure_compute("mlp", 32, 2, tmp_path, scheme=scheme)
+    assert started == ["ps", "localsgd:period=4"]  # the asynchronous and SSP servers' workers reuse the first
 
 
 def test_a_resumed_study_fills_in_the_drift_of_rows_measured_before_it_was_recorded(tmp_path, monkeypatch):
