@@ -31,11 +31,11 @@ Every number the simulator is given is measured here, on this machine, and has a
   charged them the sleep-measured cost, two all-reducing workers of the small model were simulated at
   2.7-2.9 ms a step's compute where their runs computed 1.1-1.2 ms. For a run with a straggler the probe's last rank
   is slowed as ``--slow RANK:F`` slows the run's last worker (real.executor: a sleep of (F-1) x 3 x its
-  forward time, timed warm once, between forward and backward), and its step is reported apart (``slowed_time``): it sets
-  that worker's speed factor in the simulator, measured rather than derived, since compute right after
-  a sleep is slower than back to back (the same effect as the idle cost's). Schemes whose workers do
-  the same work (the parameter servers' synchronous, asynchronous and SSP modes) share one compute
-  probe (worker_work).
+  forward time, timed warm once, between forward and backward), and its step is reported apart
+  (``slowed_time``): it sets that worker's speed factor in the simulator, measured rather than derived,
+  since compute right after a sleep is slower than back to back (the same effect as the idle cost's).
+  Schemes whose workers do the same work (the parameter servers' synchronous, asynchronous and SSP
+  modes) share one compute probe (worker_work).
 
 Results are cached as JSON under the calibration folder, so a resumed study measures nothing twice.
 ``python -m real.testbed.calibration --probe|--compute ...`` is what the ranks run.
