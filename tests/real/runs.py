@@ -5,7 +5,7 @@ ALLREDUCE = ("--scheme", "allreduce:bucket_bytes=64KiB", "--world", "2", "--mode
 PS_SYNC = ("--scheme", "ps", "--world", "2", "--servers", "1", "--model", "mlp", "--steps", "4",
            "--batch-size", "16", "--record-checksums", "--save-params")
 SSP = ("--scheme", "ps:staleness=1", "--world", "3", "--servers", "1", "--model", "mlp", "--steps", "8",
-       "--batch-size", "16", "--slow", "2:4", "--save-params")
+       "--batch-size", "16", "--slow", "2:40", "--save-params")
 ASYNC = ("--scheme", "ps:mode=async", "--world", "2", "--servers", "1", "--model", "mlp", "--steps", "8",
          "--batch-size", "16", "--slow", "1:4", "--save-params")
 LOCAL = ("--scheme", "localsgd:period=3,warmup_steps=1,precision=bf16", "--world", "2", "--model", "mlp",
