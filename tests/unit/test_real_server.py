@@ -34,6 +34,7 @@ class Wire:
     """
 
     PATIENCE = 10.0  # seconds a thread waits for its message before the test fails, rather than hangs
+    opened: list = []  # every wire made, so that each test's are closed when it ends (no_server_thread_outlives)
 
     def __init__(self, script=()):
         self.script = list(script)
@@ -41,6 +42,15 @@ class Wire:
         self.pending = []
         self.turn = None  # the thread handling the last message handed out
         self.cond = threading.Condition()
+        self.closed = False
+        Wire.opened.append(self)
+
+    def close(self):
+        """The test is over: every thread still waiting for a message, or asking for one later, gets an
+        error, as from a closed connection, and ends."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
 
     def take(self, tensor, src, tag):
         me = threading.get_ident()
@@ -48,9 +58,12 @@ class Wire:
             if self.turn == me:
                 self.turn = None
                 self.cond.notify_all()
-            ready = lambda: self.turn in (None, me) and self.script and self.script[0][:2] == (src, tag)  # noqa: E731
+            ready = lambda: self.closed or (  # noqa: E731
+                self.turn in (None, me) and self.script and self.script[0][:2] == (src, tag))
             if not self.cond.wait_for(ready, timeout=self.PATIENCE):
                 raise AssertionError(f"no message from rank {src} on tag {tag} next in the script: {self.script[:1]}")
+            if self.closed:
+                raise RuntimeError("Connection closed: the test that scripted this wire has ended")
             _, _, value = self.script.pop(0)
             assert tensor.shape == value.shape, "gloo needs a receive buffer of the message's size"
             tensor.copy_(value)
@@ -82,6 +95,23 @@ class Wire:
     @property
     def unfinished(self) -> int:
         return sum(not w.done for w in self.pending)
+
+
+@pytest.fixture(autouse=True)
+def no_server_thread_outlives_its_test(monkeypatch):
+    """A Server serves each worker from a thread that calls real.server's module-level ``dist``; when one
+    thread fails, run() raises and the others go on. Left running, such a thread would call the *next*
+    test's wire (the module attribute, patched anew) and take a message scripted for that test's own
+    thread, which then waits for a message that never comes (seen once in CI: "no message from rank 0 on
+    tag 1 next in the script: []"). So each test's wires are closed when it ends, and its server threads
+    joined, before the fake ``dist`` is taken away (this fixture ends before monkeypatch's undo)."""
+    yield
+    while Wire.opened:
+        Wire.opened.pop().close()
+    for thread in threading.enumerate():
+        if thread.name.startswith("server") and "-worker" in thread.name:
+            thread.join(Wire.PATIENCE)
+            assert not thread.is_alive(), f"{thread.name} still runs after its test ended"
 
 
 class Work:
