@@ -28,6 +28,7 @@ DEVICES = ("cpu", "cuda")
 FAIL_MODES = ("crash", "hang")
 MAX_TIMEOUT = 86400.0  # seconds: --timeout at most a day
 MAX_SLOW = 1000.0  # --slow factor: a rank 1000 times slower is already a hung one
+MAX_FORWARD = 60.0  # --slow's FORWARD, seconds
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 # What one sample costs a rank at most (input, activations and their gradients, for the models
 # in real.models: LeNet's 28x28 input makes about 20k activations): 256 KiB is a generous bound.
@@ -42,8 +43,9 @@ def needs_servers(scheme, steps: int = 2) -> bool:
     return spec.policy(4.0).needs_servers(steps)
 
 
-def _pairs(owner: str, value: str | tuple | list, kinds: tuple) -> tuple:
-    """``"1:2.5,3:4"`` (or ((1, 2.5), (3, 4))) -> ((1, 2.5), (3, 4)), each field checked by ``kinds``.
+def _pairs(owner: str, value: str | tuple | list, kinds: tuple, need: int) -> tuple:
+    """``"1:2.5,3:4"`` (or ((1, 2.5), (3, 4))) -> ((1, 2.5), (3, 4)), each field checked by ``kinds``;
+    each item has at least ``need`` fields (the rest are optional).
 
     The text form is exactly ITEM[,ITEM...] with ASCII numbers: no empty item, no stray comma.
     """
@@ -54,7 +56,6 @@ def _pairs(owner: str, value: str | tuple | list, kinds: tuple) -> tuple:
         raw = [tuple(item) if isinstance(item, (tuple, list)) else (item,) for item in value]
     else:
         raise ValueError(f"{form}, got {value!r}")
-    need = len(kinds) - (1 if kinds[-1] is str else 0)
     items = []
     for pieces in raw:
         if not need <= len(pieces) <= len(kinds):
@@ -74,7 +75,7 @@ def _as_float(value: object) -> float:
     return number(value) if isinstance(value, str) else check_float("RunConfig", "factor", value)
 
 
-_FORMS = {"slow": "RANK:FACTOR (e.g. 1:3)", "fail": "RANK:STEP[:crash|hang] (e.g. 1:5)"}
+_FORMS = {"slow": "RANK:FACTOR[:FORWARD] (e.g. 1:3, or 1:3:0.005)", "fail": "RANK:STEP[:crash|hang] (e.g. 1:5)"}
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,10 @@ class RunConfig:
     seed: int = 0
     out: str = "results/real"
     slow: tuple = ()
-    """((rank, factor), ...): that rank computes ``factor`` times slower."""
+    """((rank, factor[, forward]), ...): that rank computes ``factor`` times slower. After each forward it
+    sleeps (factor - 1) x real.executor.COMPUTE_PER_FORWARD x ``forward`` seconds; without ``forward`` the
+    rank times its own forward, warm, at its first step. A calibration that timed the slowed rank gives
+    the forward it used, so that the run it predicts sleeps exactly as long (real.testbed.calibration)."""
     fail: tuple = ()
     """((rank, step[, "crash"|"hang"]), ...): that rank dies (or hangs) when it reaches ``step``."""
     amp: bool = False
@@ -146,11 +150,18 @@ class RunConfig:
                                  "and torch.cuda.is_available() is False here; use --backend gloo --device cpu")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("RunConfig.backend: nccl moves CUDA tensors only; add --device cuda")
-        slow = _pairs("slow", self.slow, (_as_int, _as_float))
-        fail = _pairs("fail", self.fail, (_as_int, _as_int, str))
-        for rank, factor in slow:
+        slow = _pairs("slow", self.slow, (_as_int, _as_float, _as_float), need=2)
+        fail = _pairs("fail", self.fail, (_as_int, _as_int, str), need=2)
+        for rank, factor, *forward in slow:
             self._check_rank("slow", rank)
             check_float(owner, f"slow[{rank}]", factor, low=1.0, high=MAX_SLOW)
+            if forward and rank >= self.world:
+                raise ValueError(f"RunConfig.slow[{rank}]: rank {rank} is a server, which runs no forward to size "
+                                 f"its sleep from (a slowed server takes FACTOR times its work); give RANK:FACTOR")
+            if forward:  # a forward pass of over a minute is no straggler's sleep to emulate
+                check_float(owner, f"slow[{rank}].forward", forward[0], low=0.0, high=MAX_FORWARD)
+        if len({item[0] for item in slow}) < len(slow):
+            raise ValueError(f"RunConfig.slow: a rank is slowed twice in {slow!r}; give each rank once")
         for item in fail:
             self._check_rank("fail", item[0])
             check_int(owner, f"fail[{item[0]}].step", item[1], 0)
@@ -191,7 +202,11 @@ class RunConfig:
         return self.amp or self.spec.amp
 
     def slow_factor(self, rank: int) -> float:
-        return dict(self.slow).get(rank, 1.0)
+        return next((item[1] for item in self.slow if item[0] == rank), 1.0)
+
+    def slow_forward(self, rank: int) -> float | None:
+        """The forward time (seconds) ``rank``'s sleep is sized from, when the config gives it."""
+        return next((item[2] for item in self.slow if item[0] == rank and len(item) > 2), None)
 
     def failure(self, rank: int) -> tuple[int, str] | None:
         for item in self.fail:
@@ -238,7 +253,8 @@ def parser(prog: str = "python -m real.run") -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="cpu or cuda")
     p.add_argument("--seed", type=integer, default=d.seed)
     p.add_argument("--out", default=d.out, help="output folder")
-    p.add_argument("--slow", default="", help="RANK:FACTOR[,...] make a rank compute FACTOR times slower")
+    p.add_argument("--slow", default="", help="RANK:FACTOR[:FORWARD][,...] make a rank compute FACTOR times "
+                   "slower (its sleep sized from FORWARD seconds, or from its own forward timed warm)")
     p.add_argument("--fail", default="", help="RANK:STEP[:crash|hang][,...] kill (or hang) a rank at a step")
     p.add_argument("--amp", action="store_true", help="autocast forward/backward (bf16 on CPU, fp16 on CUDA)")
     p.add_argument("--timeout", type=number, default=d.timeout, help="process-group timeout, seconds")

@@ -65,6 +65,10 @@ COMPUTE_PER_FORWARD = 3.0
 # wake-up by 1 + (factor-1)·3 (the small model's slowed worker, factor 3, took
 # 7.4 ms a step in a 200 Mbit/s asynchronous run where its calibration said 3.2).
 WARM_FORWARDS = 5
+# Timed in two processes, that median differs by a tenth or more (the larger model's warm forward: 5.5-7.0
+# ms in four processes one after another here), and a calibration's slowed rank and the run it predicts
+# slept 31-34 ms and 25 ms a step: a config can give the forward to size from (RunConfig.slow), as
+# studies.validation gives the run the one its compute probe timed.
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
@@ -104,7 +108,10 @@ class Executor:
         self.completed = 0
         self.clock = 0  # completed pushes: the clock WaitForClock compares
         self.slow = cfg.slow_factor(rank)
-        self.slow_wait: float | None = None  # a --slow rank's sleep per step, set at its first step
+        # a --slow rank's sleep per step, set at its first step from the forward the config gives or, without
+        # one, the rank's own forward timed warm then
+        self.slow_forward: float | None = cfg.slow_forward(rank)
+        self.slow_wait: float | None = None
         self.failure = cfg.failure(rank)
         actions = self.policy.actions(cfg.steps)
         kinds = {type(a) for a in actions}
@@ -186,7 +193,9 @@ class Executor:
     def compute(self, action: Compute) -> None:
         x, y = self.data.batch(self.worker, self.step, self.cfg.world, self.cfg.batch_size)
         if self.slow > 1.0 and self.slow_wait is None:
-            self.slow_wait = (self.slow - 1.0) * COMPUTE_PER_FORWARD * self.warm_forward_time(x)
+            if self.slow_forward is None:
+                self.slow_forward = self.warm_forward_time(x)
+            self.slow_wait = (self.slow - 1.0) * COMPUTE_PER_FORWARD * self.slow_forward
         if self.hook_state is not None:
             self.hook_state.reset()
             if self.reduce is not None:

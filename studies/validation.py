@@ -10,7 +10,8 @@ For each configuration (scheme, workers, link rate, model, one slowed worker or 
    on a 3-host testbed (the server NIC's newcomer weight and sharing spread, syncsim.network);
 2. predict: ``simulate`` on that Cluster and Workload, the slowed worker as its speed factor, every
    all-reduce a ring as gloo runs it (as_run_on_gloo);
-3. measure: the executor runs the scheme for real on a testbed of world + servers hosts;
+3. measure: the executor runs the scheme for real on a testbed of world + servers hosts (a slowed worker
+   sizing its sleep from the forward its compute probe timed, so both sleep alike);
 4. compare, by one definition of every figure (syncsim.metrics) on both sides, and record how much the
    measured run's own step time wandered (measured_spread, syncsim.metrics.step_time_spread): the
    floor under the row's error on a machine whose speed drifts.
@@ -65,7 +66,7 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "predicted_staleness_mean", "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max",
            "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
            "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
-           "wall_time", "error")
+           "slow_forward", "wall_time", "error")
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,9 @@ def calibrate(config: Config, args: argparse.Namespace):
               "link_alpha": link.latency, "link_launch": cluster.collective_latency,
               "server_bandwidth": server_link.bandwidth,
               "server_alpha": server_link.latency, "server_newcomer_weight": server_link.newcomer_weight,
-              "server_sharing_spread": server_link.sharing_spread}
+              "server_sharing_spread": server_link.sharing_spread,
+              # the forward the probe's slowed rank sized its sleep from, which the run is given (measure)
+              "slow_forward": compute["slow_forward"] if config.slow > 1 else math.nan}
     return cluster, workload, values
 
 
@@ -260,11 +263,11 @@ def slow_speed(compute: dict) -> float:
     """The speed factor of a worker run with ``--slow RANK:factor``: the others' step over the slowed
     rank's, both timed by the compute probe (measure_compute with ``slow``).
 
-    real.executor makes that rank sleep (factor - 1) x COMPUTE_PER_FORWARD x its forward time (timed warm,
-    once) between forward and backward, and a process computes slower right after a sleep than back to back: the
-    small model's slowed step (factor 3) took 3.0-5.9 ms in the probe, where compute + that sleep
-    computed from the others' times gives 1.5-2.8 ms, and 3.8-6.4 ms in the grid's runs. So the slowed
-    step is measured, not derived."""
+    real.executor makes that rank sleep (factor - 1) x COMPUTE_PER_FORWARD x a forward time (timed warm,
+    once, by the probe's slowed rank, and given to the run: measure) between forward and backward, and a
+    process computes slower right after a sleep than back to back: the small model's slowed step (factor 3)
+    took 3.0-5.9 ms in the probe, where compute + that sleep computed from the others' times gives
+    1.5-2.8 ms, and 3.8-6.4 ms in the grid's runs. So the slowed step is measured, not derived."""
     return compute["compute_time"] / compute["slowed_time"]
 
 
@@ -283,15 +286,23 @@ def run_steps(asked: int, predicted_run: float) -> int:
     return asked
 
 
-def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int):
+def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int, slow_forward: float | None = None):
     """Run ``config`` for real on a testbed of world + servers hosts; its steady state (syncsim.metrics) and
-    how much its step time wandered while it ran (syncsim.metrics.step_time_spread)."""
+    how much its step time wandered while it ran (syncsim.metrics.step_time_spread).
+
+    A straggler row's slowed worker sizes its sleep from ``slow_forward``, the forward its compute probe
+    timed (measure_compute's ``slow_forward``), so that it sleeps as long as the probe's slowed rank,
+    whose step the simulator's speed factor is: each timing its own warm forward, a run's slowed worker of
+    the larger model slept 25 ms a step where its probe's had slept 31-34 ms, and the local-SGD and fp16
+    straggler rows were predicted 15.5 % and 11.4 % slow."""
     from real.config import RunConfig
     from real.interrupt import Interrupted
     from real.testbed import Testbed, run
     from syncsim.metrics import steady_state
 
-    slow = ((config.world - 1, config.slow),) if config.slow > 1 else ()
+    slow = ()
+    if config.slow > 1:
+        slow = ((config.world - 1, config.slow) + ((slow_forward,) if slow_forward is not None else ()),)
     cfg = RunConfig(scheme=config.scheme, world=config.world, servers=config.servers, model=config.model,
                     steps=steps, batch_size=args.batch_size, out=str(folder), slow=slow, timeout=120)
     with Testbed(hosts=cfg.ranks, bandwidth=config.bandwidth, prefix=args.prefix) as bed:
@@ -348,7 +359,9 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
         result.trace.to_csv(folder / "sim-trace.csv", index=False)  # beside the real trace.csv, to compare
         result.updates.to_csv(folder / "sim-updates.csv", index=False)
         predicted, row["predicted_seed_cv"] = predict(result)
-        measured, row["measured_spread"] = measure(config, args, folder, steps)
+        forward = values.get("slow_forward", math.nan)  # what the probe's slowed rank sized its sleep from
+        measured, row["measured_spread"] = measure(config, args, folder, steps,
+                                                   slow_forward=None if math.isnan(forward) else forward)
         row.update(predicted_step_time=predicted.step_time, measured_step_time=measured.step_time,
                    predicted_throughput=predicted.throughput, measured_throughput=measured.throughput,
                    predicted_staleness_mean=predicted.staleness_mean,

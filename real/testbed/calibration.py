@@ -32,8 +32,10 @@ Every number the simulator is given is measured here, on this machine, and has a
   2.7-2.9 ms a step's compute where their runs computed 1.1-1.2 ms. For a run with a straggler the probe's last rank
   is slowed as ``--slow RANK:F`` slows the run's last worker (real.executor: a sleep of (F-1) x 3 x its
   forward time, timed warm once, between forward and backward), and its step is reported apart
-  (``slowed_time``): it sets that worker's speed factor in the simulator, measured rather than derived,
-  since compute right after a sleep is slower than back to back (the same effect as the idle cost's).
+  (``slowed_time``), with the forward its sleep was sized from (``slow_forward``), which the run is
+  given so that it sleeps as long: the slowed step sets that worker's speed factor in the simulator,
+  measured rather than derived, since compute right after a sleep is slower than back to back (the same
+  effect as the idle cost's).
   Schemes whose workers do the same work (the parameter servers' synchronous, asynchronous and SSP
   modes) share one compute probe (worker_work).
 
@@ -385,7 +387,8 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
     the scheme's collectives are), and idle_cost (how much longer steps
     take after each of IDLE_GAPS idle, syncsim's Workload.idle_cost). With ``slow`` > 1 the last rank is
     slowed as ``--slow`` slows a run's last worker, and ``slowed_time`` is its step (the others make the
-    rest)."""
+    rest), ``slow_forward`` the forward it timed warm and sized its sleep from, ``slow_wait`` that sleep: a
+    run given ``--slow RANK:F:slow_forward`` sleeps as long."""
     from real.config import MAX_SLOW
     from syncsim.schemes import parse
 
@@ -407,8 +410,10 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
                                                             str(slow)])
         return json.loads(out.read_text())
 
-    # probes from before the ranks met at their scheme's collectives lack "meets" and are measured again
-    return _cached(folder / f"{name}.json", measure, needs=("idle_cost", "meets"))
+    # probes from before the ranks met at their scheme's collectives lack "meets", slowed ones from before a
+    # run was given the forward its straggler's sleep is sized from lack "slow_forward": measured again
+    needs = ("idle_cost", "meets") + (("slow_forward",) if slow > 1 else ())
+    return _cached(folder / f"{name}.json", measure, needs=needs)
 
 
 def worker_work(scheme: str) -> str:
@@ -707,6 +712,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
             after_idle.append(timings)
     layers = list(param_layers(model))
     slow_wait = executor.slow_wait or 0.0  # a slowed rank's sleep per step (real.executor)
+    slow_forward = executor.slow_forward  # the forward that sleep was sized from (None: not slowed)
     # The executor refers to itself (its handlers), so only the collector frees it and the DDP module and
     # averager holding this rank's group: now, before the groups are destroyed. Left to the interpreter's
     # exit, a gloo group outliving its process group's teardown aborts the process ("terminate called
@@ -714,7 +720,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     del executor, client
     gc.collect()
     return {"steps": steps, "forward": forward, "backward": backward, "layers": layers, "after_idle": after_idle,
-            "meetings": meetings, "slow_wait": slow_wait}
+            "meetings": meetings, "slow_wait": slow_wait, "slow_forward": slow_forward}
 
 
 def idle_cost(back_to_back: float, after_idle: list[list[float]]) -> list[tuple[float, float]]:
@@ -751,7 +757,8 @@ def _compute_rank(out: str, model: str, batch_size: int, scheme: str, slow: floa
                                                 for i in range(len(gathered[0]["after_idle"]))]),
                   "meets": gathered[0]["meetings"]}  # how often the ranks met at their scheme's collectives
         if slowed is not None:
-            result |= {"slow": slow, "slowed_time": statistics.fmean(slowed["steps"])}
+            result |= {"slow": slow, "slowed_time": statistics.fmean(slowed["steps"]),
+                       "slow_forward": slowed["slow_forward"], "slow_wait": slowed["slow_wait"]}
         write_atomic(out, json.dumps(result, indent=1))
     dist.destroy_process_group()
 

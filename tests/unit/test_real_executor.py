@@ -195,3 +195,28 @@ def test_a_slow_rank_sleeps_factor_minus_one_times_its_warm_compute_not_its_wake
     warm = slept[0] / ((3.0 - 1) * executor_module.COMPUTE_PER_FORWARD)
     assert 0 < warm < delay / 4  # the warm forward of the small model on 8 samples, far under the wake-up
     assert ex.forward_time >= delay  # while the steps' own forwards carried it
+
+
+def test_a_slow_rank_given_its_forward_sleeps_from_it_and_times_none(monkeypatch, tmp_path):
+    # --slow RANK:F:FORWARD: the rank sleeps (F-1) x COMPUTE_PER_FORWARD x FORWARD a step, the forward a
+    # calibration timed, and times no warm forward of its own (which would size a different sleep: two
+    # processes' warm forwards differ by a tenth or more), so a run sleeps as its calibration did.
+    from real.config import RunConfig
+    from real.data import load
+    from real.hooks import WIRE_DTYPES
+    from real.models import build
+    from real.testbed.calibration import FreeNetwork
+
+    slept = []
+    monkeypatch.setattr(executor_module.time, "sleep", slept.append)
+    forward = 0.0042
+    cfg = RunConfig(scheme="ps", world=1, servers=1, model="mlp", batch_size=8, steps=3, out=str(tmp_path),
+                    slow=((0, 2.5, forward),))
+    inner = build(cfg.model, cfg.seed)
+    client = FreeNetwork(flat_params(inner), WIRE_DTYPES[cfg.spec.precision])
+    counting = WakingModel(inner, fast=10**9, delay=0.0)  # counts the forwards, adds nothing
+    ex = Executor(cfg, 0, counting, load(cfg.data, cfg.seed), torch.device("cpu"), None, Recorder(0.0), client=client)
+    ex.run()
+    assert slept == [pytest.approx((2.5 - 1) * executor_module.COMPUTE_PER_FORWARD * forward)] * cfg.steps
+    assert counting.calls == cfg.steps  # one forward a step: none timed warm
+    assert ex.slow_forward == forward

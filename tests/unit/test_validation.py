@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -324,7 +325,7 @@ def _fake_study(monkeypatch, fail: set):
         workload = Workload(param_bytes="400kB", compute_time="2ms", batch_size=args.batch_size)
         return cluster, workload, {"compute_time": 2e-3, "jitter": 0.1}
 
-    def measure(config, args, folder, steps):
+    def measure(config, args, folder, steps, slow_forward=None):
         calls.append(config.key)
         if config.key in fail:
             raise RuntimeError("rank 1 (worker) failed at step 3: injected")
@@ -474,7 +475,7 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
 
     def measure_compute(model, batch_size, processes, folder, scheme, slow):
         asked.append((processes, slow))
-        return FAKE_COMPUTE | ({"slowed_time": 7e-3} if slow > 1 else {})
+        return FAKE_COMPUTE | ({"slowed_time": 7e-3, "slow_forward": 1.1e-3} if slow > 1 else {})
 
     fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
     monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, **k: {
@@ -482,12 +483,46 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
     monkeypatch.setattr("real.testbed.calibration.measure_compute", measure_compute)
     monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
     args = validation.parse_args(["--out", str(tmp_path / "v")])
-    cluster, workload, _ = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args)
+    cluster, workload, values = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args)
     assert asked == [(3, 3.0)]
+    assert values["slow_forward"] == 1.1e-3  # the forward the probe's slowed rank sized its sleep from
     assert cluster.speed == pytest.approx((1.0, 1.0, 2e-3 / 7e-3)) and workload.compute_time == 2e-3
     assert workload.idle_cost == ((2e-3, 1e-4), (8e-3, 4e-4), (30e-3, 5e-4))  # the probe's, as measured
-    cluster, _, _ = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp"), args)
+    cluster, _, values = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp"), args)
     assert asked[-1] == (3, 1.0) and cluster.speed is None  # every worker at nominal speed
+    assert math.isnan(values["slow_forward"])
+
+
+@pytest.mark.parametrize("forward,expected", [(1.1e-3, ((2, 3.0, 1.1e-3),)), (None, ((2, 3.0),))])
+def test_a_straggler_row_s_run_sleeps_from_the_forward_its_probe_timed(monkeypatch, tmp_path, forward, expected):
+    # The simulator's speed factor is the probe's slowed step, which holds the probe's sleep: the run's
+    # slowed worker must sleep as long, so it is given the forward that sleep was sized from
+    # (--slow RANK:F:FORWARD) rather than timing its own (which differed by a tenth or more).
+    import real.testbed
+
+    ran = []
+
+    class FakeBed:
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def run(bed, cfg, timeout, agent):
+        ran.append(cfg)
+        return 1, "stopped here: the test reads the config only"
+
+    monkeypatch.setattr(real.testbed, "Testbed", FakeBed)
+    monkeypatch.setattr(real.testbed, "run", run)
+    args = validation.parse_args(["--out", str(tmp_path / "v")])
+    with pytest.raises(RuntimeError, match="stopped here"):
+        validation.measure(validation.Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args, tmp_path / "r", 8,
+                           slow_forward=forward)
+    assert ran[0].slow == expected  # the last worker, slowed threefold
 
 
 def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeypatch, tmp_path):
@@ -498,7 +533,7 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
              {"steps": [2e-3, 2e-3], "forward": [4e-4, 4e-4], "backward": [1e-3, 1e-3], "layers": [8],
               "meetings": 7, "after_idle": [[2e-3, 3e-3], [4e-3, 4e-3], [1e-3, 1e-3]]},
              {"steps": [9e-3, 11e-3], "forward": [3e-4, 3e-4], "backward": [9e-3, 9e-3], "layers": [8],
-              "meetings": 7, "after_idle": [[50e-3], [50e-3], [50e-3]]}]
+              "meetings": 7, "after_idle": [[50e-3], [50e-3], [50e-3]], "slow_forward": 2.5e-4, "slow_wait": 1.5e-3}]
     given = []
 
     def time_steps(model, batch_size, scheme, folder, slow):
@@ -522,6 +557,7 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
     assert given == [1.0]  # rank 0 is not the last: it runs unslowed
     assert result["processes"] == 3 and result["slow"] == 3.0 and result["meets"] == 7
     assert result["slowed_time"] == pytest.approx(10e-3)  # the last rank's mean step
+    assert (result["slow_forward"], result["slow_wait"]) == (2.5e-4, 1.5e-3)  # its sleep, and what sized it
     assert result["compute_time"] == pytest.approx(2e-3) and result["forward_time"] == pytest.approx(3e-4)
     assert result["per_rank"] == pytest.approx([2e-3, 2e-3])
     # the idle cost is the unslowed ranks' mean step after each gap less their back-to-back mean (2 ms),
@@ -562,6 +598,30 @@ def test_a_cached_compute_probe_from_before_a_field_was_measured_is_measured_aga
     assert started == [2]
     calibration.measure_compute("mlp", 32, 2, folder)  # now cached with it: not measured again
     assert started == [2]
+
+
+def test_a_cached_slowed_probe_without_the_forward_its_sleep_was_sized_from_is_measured_again(tmp_path, monkeypatch):
+    # a run is given that forward (--slow RANK:F:FORWARD); a probe from before it was recorded cannot give it
+    from real.testbed import calibration
+
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    name = f"compute-mlp-b32-p2-{calibration.worker_work('allreduce')}-slow3.json"
+    slowed = FAKE_COMPUTE | {"slow": 3.0, "slowed_time": 7e-3}
+    (folder / name).write_text(json.dumps(slowed))
+    started = []
+
+    def start_ranks(processes, module, argv):
+        started.append(processes)
+        Path(argv[1]).write_text(json.dumps(slowed | {"slow_forward": 1e-3, "slow_wait": 4e-3}))
+
+    monkeypatch.setattr("real.run.start_ranks", start_ranks)
+    assert calibration.measure_compute("mlp", 32, 2, folder, slow=3.0)["slow_forward"] == 1e-3
+    assert started == [2]
+    calibration.measure_compute("mlp", 32, 2, folder, slow=3.0)  # now cached with it
+    assert started == [2]
+    calibration.measure_compute("mlp", 32, 2, folder)  # an unslowed probe needs no forward: its own file
+    assert started == [2, 2]
 
 
 def test_schemes_whose_workers_do_the_same_work_share_one_compute_probe(tmp_path, monkeypatch):

@@ -1,0 +1,28 @@
+"""``--slow RANK:FACTOR[:FORWARD]``: what a run's straggler is told, read back exactly by its ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from real.config import RunConfig
+
+
+def test_a_slowed_rank_keeps_its_forward_through_the_command_line(tmp_path):
+    # the launcher writes the options back (to_argv) and every rank parses them (from_argv): the forward a
+    # calibration timed must reach the rank exactly, or the run sleeps other than its prediction assumed
+    cfg = RunConfig(world=3, model="mlp", out=str(tmp_path), slow="2:3:0.0041234567890123,0:1.5")
+    again = RunConfig.from_argv(cfg.to_argv())
+    assert again == cfg
+    assert (again.slow_factor(2), again.slow_forward(2)) == (3.0, 0.0041234567890123)
+    assert (again.slow_factor(0), again.slow_forward(0)) == (1.5, None)  # sized from its own warm forward
+    assert (again.slow_factor(1), again.slow_forward(1)) == (1.0, None)  # not slowed
+
+
+@pytest.mark.parametrize("slow,named", [
+    ("1:2,1:3", "slowed twice"),
+    ("2:2:0.004", "is a server"),  # rank 2 of 2 workers + 1 server: a server runs no forward
+])
+def test_a_slow_option_that_cannot_be_carried_out_is_refused_by_name(tmp_path, slow, named):
+    with pytest.raises(ValueError, match=named) as refused:
+        RunConfig(scheme="ps", world=2, servers=1, model="mlp", out=str(tmp_path), slow=slow)
+    assert "RunConfig.slow" in str(refused.value)
