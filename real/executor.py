@@ -108,10 +108,9 @@ class Executor:
         self.completed = 0
         self.clock = 0  # completed pushes: the clock WaitForClock compares
         self.slow = cfg.slow_factor(rank)
-        # a --slow rank's sleep per step, set at its first step from the forward the config gives or, without
-        # one, the rank's own forward timed warm then
+        # the forward a --slow rank's sleep is sized from: the config's, or without one the rank's own, timed
+        # warm at its first step
         self.slow_forward: float | None = cfg.slow_forward(rank)
-        self.slow_wait: float | None = None
         self.failure = cfg.failure(rank)
         actions = self.policy.actions(cfg.steps)
         kinds = {type(a) for a in actions}
@@ -192,10 +191,8 @@ class Executor:
     # -- handlers -----------------------------------------------------------------
     def compute(self, action: Compute) -> None:
         x, y = self.data.batch(self.worker, self.step, self.cfg.world, self.cfg.batch_size)
-        if self.slow > 1.0 and self.slow_wait is None:
-            if self.slow_forward is None:
-                self.slow_forward = self.warm_forward_time(x)
-            self.slow_wait = (self.slow - 1.0) * COMPUTE_PER_FORWARD * self.slow_forward
+        if self.slow > 1.0 and self.slow_forward is None:
+            self.slow_forward = self.warm_forward_time(x)
         if self.hook_state is not None:
             self.hook_state.reset()
             if self.reduce is not None:
@@ -222,6 +219,14 @@ class Executor:
         if self.reduce is not None and self.hook_state.last_ready is not None:
             end = self.hook_state.last_ready - self.recorder.t0
         self.recorder.span(self.worker, self.step, "compute", start, end)
+
+    @property
+    def slow_wait(self) -> float:
+        """A --slow rank's sleep per step, (factor - 1) x COMPUTE_PER_FORWARD x slow_forward; 0 for a rank
+        not slowed (and before its first step has timed the forward)."""
+        if self.slow <= 1.0 or self.slow_forward is None:
+            return 0.0
+        return (self.slow - 1.0) * COMPUTE_PER_FORWARD * self.slow_forward
 
     def warm_forward_time(self, x: torch.Tensor) -> float:
         """The median of WARM_FORWARDS forwards of this rank's model on ``x``, back to back after one

@@ -711,7 +711,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
                 timings.append(time.perf_counter() - t0)
             after_idle.append(timings)
     layers = list(param_layers(model))
-    slow_wait = executor.slow_wait or 0.0  # a slowed rank's sleep per step (real.executor)
+    slow_wait = executor.slow_wait  # a slowed rank's sleep per step (real.executor; 0 when not slowed)
     slow_forward = executor.slow_forward  # the forward that sleep was sized from (None: not slowed)
     # The executor refers to itself (its handlers), so only the collector frees it and the DDP module and
     # averager holding this rank's group: now, before the groups are destroyed. Left to the interpreter's
