@@ -66,7 +66,7 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "predicted_staleness_mean", "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max",
            "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
            "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
-           "slow_forward", "wall_time", "error")
+           "slow_forward", "link_at_size", "wall_time", "error")
 
 
 @dataclass(frozen=True)
@@ -166,19 +166,17 @@ def message_bytes(config: Config) -> float:
     return model_bytes(config.model) * parse(config.scheme).wire_ratio
 
 
-def timed_sizes(configs, bandwidth: str, hosts: int) -> tuple[tuple[int, str], ...]:
-    """(bytes, precision) of message_bytes of each of ``configs`` that all-reduces over ``hosts`` hosts at
-    ``bandwidth``: the sizes its link probe times as the runs send them
-    (real.testbed.calibration.measure_link), all in one probe."""
+def timed_size(config: Config) -> tuple[tuple[int, str], ...]:
+    """((bytes, precision),) of the all-reduce a run of ``config`` sends, as its link probe times it
+    (real.testbed.calibration.wire_bytes); () for a run that all-reduces nothing over the links (a parameter
+    server's, or one worker's)."""
     from real.testbed.calibration import wire_bytes
     from syncsim.schemes import parse
 
-    sizes = set()
-    for config in configs:
-        if not config.servers and config.world > 1 and (config.bandwidth, config.link_hosts) == (bandwidth, hosts):
-            precision = parse(config.scheme).precision
-            sizes.add((wire_bytes(message_bytes(config), precision), precision))
-    return tuple(sorted(sizes))
+    if config.servers or config.world < 2:
+        return ()
+    precision = parse(config.scheme).precision
+    return ((wire_bytes(message_bytes(config), precision), precision),)
 
 
 def quick_grid(slow: float = SLOW) -> list[Config]:
@@ -190,7 +188,7 @@ def quick_grid(slow: float = SLOW) -> list[Config]:
 # -- one configuration ---------------------------------------------------------------
 def calibrate(config: Config, args: argparse.Namespace):
     """The Cluster and Workload that describe ``config`` on this machine, and the measured values."""
-    from real.testbed.calibration import measure_compute, measure_link, measure_sharing
+    from real.testbed.calibration import at_size_time, measure_compute, measure_link, measure_sharing
     from syncsim import Cluster, Link, Workload
     from syncsim.schemes import parse
 
@@ -202,10 +200,12 @@ def calibrate(config: Config, args: argparse.Namespace):
                               slow=config.slow)
     # the links' rates around the size of what the run sends at once: the gradient at the wire precision
     message = message_bytes(config)
-    # every all-reduce of the study's runs at this rate and on these hosts is also timed at its own size
-    hosts = config.link_hosts
-    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message, hosts=hosts,
-                            at_sizes=timed_sizes((*args.configs, config), config.bandwidth, hosts))
+    # an all-reducing run's own all-reduce is timed at its size in the minute before it runs (measure_link's
+    # ``now``): the sweep is cached from the study's start, and a collective that the cores rather than
+    # the shaper pace drifts with the machine's load over the half hour a grid takes
+    own = timed_size(config)
+    measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message,
+                            hosts=config.link_hosts, now=own)
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
     # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes
@@ -242,7 +242,9 @@ def calibrate(config: Config, args: argparse.Namespace):
               "server_alpha": server_link.latency, "server_newcomer_weight": server_link.newcomer_weight,
               "server_sharing_spread": server_link.sharing_spread,
               # the forward the probe's slowed rank sized its sleep from, which the run is given (measure)
-              "slow_forward": compute["slow_forward"] if config.slow > 1 else math.nan}
+              "slow_forward": compute["slow_forward"] if config.slow > 1 else math.nan,
+              # the run's all-reduce as timed just before it (the trimmed mean the collective's form passes through)
+              "link_at_size": at_size_time(measured["now"][0][2]) if own else math.nan}
     return cluster, workload, values
 
 

@@ -10,9 +10,10 @@ Every number the simulator is given is measured here, on this machine, and has a
   on a token-bucket link. The all-reduce fit at the scheme's precision is the link of workers that
   all-reduce (what collectives see, reduction arithmetic included), the ping-pong fit that of workers
   that push and pull and of the parameter servers (point-to-point traffic); all carry the testbed's
-  bucket as their burst. The all-reduces the runs send (``at_sizes``) are also timed at their own
-  size, each after a busy rest, and a collective's closed form passes through their trimmed mean
-  (at_size_time: small gloo all-reduces here are bimodal, and a step time is a mean).
+  bucket as their burst. A run's own all-reduce (``now``) is also timed at its size, in the minute before
+  the run (the sweep is cached; a collective the cores pace drifts with the machine's load), each after
+  a busy rest, and a collective's closed form passes through their trimmed mean (at_size_time: small gloo
+  all-reduces here are bimodal, and a step time is a mean).
 - **compute**: ``processes`` local ranks each time the executor's step of the configuration's scheme at
   once, as the configuration's workers do when they share this machine's cores: real.executor's own loop
   (the batch, forward and backward through DDP and its hooks, the optimizer step or the push's and
@@ -127,14 +128,18 @@ def _refill_idle(config) -> float:
 
 
 def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
-                 message_bytes: float | None = None, hosts: int = 2,
-                 at_sizes: tuple[tuple[int, str], ...] = ()) -> dict:
+                 message_bytes: float | None = None, hosts: int = 2, now: tuple[tuple[int, str], ...] = ()) -> dict:
     """Probe a testbed of ``hosts`` hosts at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket,
-    "fits": fit_links}, the rates fitted around ``message_bytes`` when given (see fit_links).
+    "fits": fit_links, "now": the timings of ``now``}, the rates fitted around ``message_bytes`` when given
+    (see fit_links). The sweep is cached; the fit is made from it each time.
 
-    ``at_sizes`` are the runs' own all-reduces, (bytes, precision) as wire_bytes gives them: each is
-    timed AT_REPEATS times after busy rests, and fit_links takes a collective's time at the run's size
-    from those timings. A cached probe that lacks some of them times those alone and keeps them.
+    ``now`` are a run's own all-reduces, (bytes, precision) as wire_bytes gives them, timed at every call
+    and never cached, AT_REPEATS times each after busy rests; fit_links takes a collective's time at the
+    run's size from those timings. Called in the minute before the run, they time its collective as the
+    machine is then: on this 2-core machine a collective that the cores rather than the shaper pace
+    drifts with the machine's load by more than any model's error (at 1 Gbit/s the same two-host 407 kB
+    all-reduce, timed this way in launches a minute apart, took a median 3.9, 8.4, 13.5 and 6.0 ms on
+    2026-12-03), and a grid's rows run up to half an hour after its link probes.
 
     The all-reduces run over every host, so a run's collectives are timed with its own number of ranks:
     gloo's ring moves 2(p-1) chunks of n/p through each link, and how TCP paces those through a shaper
@@ -142,17 +147,17 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     a 407 kB all-reduce took 4-6 ms over two hosts and 6-9 ms over four). The ping-pong always runs
     between hosts 0 and 1."""
 
-    wanted = sorted({(int(size), str(precision)) for size, precision in at_sizes})
-    for size, precision in wanted:
+    fresh = sorted({(int(size), str(precision)) for size, precision in now})
+    for size, precision in fresh:
         if not _valid_at(size, precision):
-            raise ValueError(f"measure_link: at_sizes entry ({size!r}, {precision!r}) must be a precision of "
+            raise ValueError(f"measure_link: now entry ({size!r}, {precision!r}) must be a precision of "
                              f"{sorted(WIRE)} and a positive whole number of its elements' bytes")
 
-    def measure(at: list, sweep_sizes: bool = True) -> dict:
+    def measure(at: list, sweep_sizes: bool = True, tag: str = "") -> dict:
         from real.testbed.launcher import torchrun_on
         from real.testbed.namespaces import Testbed
 
-        probe_file = folder / f"probe-{name}.json"
+        probe_file = folder / f"probe-{name}{tag}.json"
         argv = ["--probe", str(probe_file), "--repeats", str(repeats), "--at", encode_at(at)]
         with Testbed(hosts=hosts, bandwidth=bandwidth, prefix=prefix) as bed:
             argv += ["--idle", str(_refill_idle(bed.config))] + ([] if sweep_sizes else ["--no-sweep"])
@@ -164,15 +169,10 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
         return {"bandwidth": bandwidth, "hosts": hosts, "burst": bed.config.burst, "probe": probe}
 
     name = f"{slug(bandwidth)}-h{hosts}"
-    # The raw sweep is cached; the fit is made from it each time.
-    path = folder / f"link-{name}.json"
-    measured = _cached(path, lambda: measure(wanted))
-    timed = {(size, precision) for size, precision, _ in measured["probe"].get("at_size", [])}
-    if missing := [entry for entry in wanted if entry not in timed]:
-        added = measure(missing, sweep_sizes=False)["probe"]["at_size"]
-        measured["probe"]["at_size"] = measured["probe"].get("at_size", []) + added
-        write_atomic(path, json.dumps(measured, indent=1))
-    return measured | {"fits": fit_links(measured["probe"], measured["burst"], message_bytes)}
+    measured = _cached(folder / f"link-{name}.json", lambda: measure([]))
+    timed_now = measure(fresh, sweep_sizes=False, tag="-now")["probe"]["at_size"] if fresh else []
+    probe = measured["probe"] | {"at_size": timed_now}
+    return measured | {"fits": fit_links(probe, measured["burst"], message_bytes), "now": timed_now}
 
 
 def encode_at(at) -> str:

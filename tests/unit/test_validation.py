@@ -191,10 +191,26 @@ def test_a_collective_timed_at_the_run_s_size_passes_through_the_trimmed_mean_of
     assert closed_form == pytest.approx(2e-3, rel=1e-9)
 
 
-def test_the_link_probe_times_the_runs_sizes_once_and_a_cached_probe_only_the_missing_ones(monkeypatch, tmp_path):
-    # measure_link caches the raw probe; asked later for sizes the cache lacks, it times those alone
-    # (--no-sweep) and keeps them, so a resumed or widened study measures nothing twice.
+def test_an_all_reducing_run_has_its_own_all_reduce_timed_at_its_wire_size_and_no_other_run_any():
+    fp32, fp16 = (wire_bytes(validation.model_bytes("mlp") * r, precision) for r, precision in ((1, "fp32"),
+                                                                                                 (0.5, "fp16")))
+    assert fp32 == 4 * sum(p.numel() for p in build("mlp", 0).parameters())  # every parameter, 4 bytes each
+    assert validation.timed_size(validation.Config("allreduce", 4, "1Gbit/s", "mlp")) == ((fp32, "fp32"),)
+    fp16_config = validation.Config("allreduce:precision=fp16", 2, "1Gbit/s", "mlp")
+    assert validation.timed_size(fp16_config) == ((fp16, "fp16"),)
+    assert validation.timed_size(validation.Config("localsgd:period=4", 2, "1Gbit/s", "mlp")) == ((fp32, "fp32"),)
+    # parameter servers' traffic is point to point and one worker sends nothing: none of theirs
+    assert validation.timed_size(validation.Config("ps", 2, "1Gbit/s", "mlp")) == ()
+    assert validation.timed_size(validation.Config("allreduce", 1, "1Gbit/s", "mlp")) == ()
+
+
+def test_sizes_timed_now_are_timed_at_every_call_never_cached_and_fitted_from_their_own_timings(monkeypatch,
+                                                                                                   tmp_path):
+    # A collective the cores pace drifts with the machine's load between the study's link probe and a run
+    # half an hour later: measure_link's ``now`` sizes are timed at every call (--no-sweep, the sweep
+    # still cached), their timings are what the fit passes through, and the cache keeps only its own.
     launches = []
+    timings = iter([3e-3, 5e-3, 4e-3])  # the sweep's launch draws the first
 
     class FakeBed:
         def __init__(self, hosts, bandwidth, prefix):
@@ -207,40 +223,35 @@ def test_the_link_probe_times_the_runs_sizes_once_and_a_cached_probe_only_the_mi
             return None
 
     def torchrun_on(bed, module, argv, log_dir, timeout, agent):
-        at = argv[argv.index("--at") + 1]
-        sweep = "--no-sweep" not in argv
+        at, sweep = argv[argv.index("--at") + 1], "--no-sweep" not in argv
         launches.append((at, sweep))
         probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if sweep else {"world": 2}
-        probe["at_size"] = [[int(size), precision, [3e-3] * AT_REPEATS]
+        time = next(timings)
+        probe["at_size"] = [[int(size), precision, [time] * AT_REPEATS]
                             for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
         Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
         return [0, 0]
 
     monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
     monkeypatch.setattr("real.testbed.namespaces.Testbed", FakeBed)
-    first = measure_link("1Gbit/s", tmp_path, message_bytes=407_080, at_sizes=((407_080, "fp32"),))
-    assert launches == [("407080:fp32", True)]
-    assert first["fits"]["allreduce_fp32"]["launch_from"] == "run's size, timed"
-    both = ((203_540, "fp16"), (407_080, "fp32"))
-    second = measure_link("1Gbit/s", tmp_path, message_bytes=203_540, at_sizes=both)
-    assert launches[1:] == [("203540:fp16", False)]
-    assert second["fits"]["allreduce_fp16"]["launch_from"] == "run's size, timed"
-    measure_link("1Gbit/s", tmp_path, message_bytes=203_540, at_sizes=both)
-    assert len(launches) == 2  # everything cached
-    with pytest.raises(ValueError, match="at_sizes entry"):
-        measure_link("1Gbit/s", tmp_path, at_sizes=((3, "fp16"),))
-
-
-def test_the_study_times_every_all_reduce_its_runs_send_at_their_rate_and_on_their_hosts():
-    configs = validation.grid(schemes=("allreduce", "allreduce:precision=fp16", "ps", "localsgd:period=4"))
-    fp32, fp16 = (wire_bytes(validation.model_bytes("mlp") * r, precision) for r, precision in ((1, "fp32"),
-                                                                                                 (0.5, "fp16")))
-    sizes = validation.timed_sizes([c for c in configs if c.model == "mlp"], "1Gbit/s", 4)
-    assert sizes == tuple(sorted({(fp32, "fp32"), (fp16, "fp16")}))
-    assert fp32 == 4 * sum(p.numel() for p in build("mlp", 0).parameters())  # every parameter, 4 bytes each
-    # parameter servers' traffic is point to point and one worker sends nothing: none of theirs
-    assert validation.timed_sizes([validation.Config("ps", 2, "1Gbit/s", "mlp"),
-                                   validation.Config("allreduce", 1, "1Gbit/s", "mlp")], "1Gbit/s", 2) == ()
+    own = ((407_080, "fp32"),)
+    for expected in (5e-3, 4e-3):
+        measured = measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own)
+        assert measured["now"] == [[407_080, "fp32", [expected] * AT_REPEATS]]
+        fit = measured["fits"]["allreduce_fp32"]
+        assert fit["launch_from"] == "run's size, timed"
+        # the closed form (two hosts: 2 hops, half the message each way twice) passes through the fresh time
+        closed = fit["launch"] + 2 * fit["alpha"] + max(0.0, 407_080 - 125_000) / fit["bandwidth"]
+        assert closed == pytest.approx(expected, rel=1e-9)
+    # the sweep once (timing no size of a run), then the run's size alone at each call
+    assert launches == [("", True), ("407080:fp32", False), ("407080:fp32", False)]
+    cached = json.loads((tmp_path / "link-1Gbit-s-h2.json").read_text())
+    assert cached["probe"]["at_size"] == []  # the cache keeps no run's timing
+    without = measure_link("1Gbit/s", tmp_path, message_bytes=407_080)
+    assert without["now"] == [] and without["fits"]["allreduce_fp32"]["launch_from"] != "run's size, timed"
+    assert len(launches) == 3  # without ``now`` nothing is timed again
+    with pytest.raises(ValueError, match="now entry"):
+        measure_link("1Gbit/s", tmp_path, now=((3, "fp16"),))
 
 
 def test_a_rate_that_depends_on_size_is_fitted_at_the_run_s_message_size():
@@ -430,11 +441,11 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     probed = []
     fit = {"alpha": 1e-4, "launch": 3e-3, "bandwidth": 5e6}
 
-    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, at_sizes):
-        probed.append(hosts)
-        assert all(precision in ("fp32", "fp16") for _, precision in at_sizes)
+    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now):
+        probed.append((hosts, now))
         return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0}, "allreduce_fp32": fit,
-                                          "allreduce_fp16": fit}}
+                                          "allreduce_fp16": fit},
+                "now": [[size, precision, [7e-3] * AT_REPEATS] for size, precision in now]}
 
     monkeypatch.setattr("real.testbed.calibration.measure_link", measure_link)
     monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
@@ -442,9 +453,15 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     for scheme, world, hosts, launch in (("allreduce", 4, 4, 3e-3), ("localsgd:period=4", 2, 2, 3e-3),
                                          ("allreduce", 1, 2, 3e-3), ("ps:mode=async", 4, 2, 0.0)):
-        cluster, _, values = validation.calibrate(validation.Config(scheme, world, "50Mbit/s", "mlp"), args)
-        assert probed[-1] == hosts
+        config = validation.Config(scheme, world, "50Mbit/s", "mlp")
+        cluster, _, values = validation.calibrate(config, args)
+        # an all-reducing run's own all-reduce is timed next to it, and the row records that time
+        assert probed[-1] == (hosts, validation.timed_size(config))
         assert cluster.collective_latency == values["link_launch"] == launch
+        if validation.timed_size(config):
+            assert values["link_at_size"] == pytest.approx(7e-3)
+        else:
+            assert math.isnan(values["link_at_size"])
 
 
 def test_a_stall_of_the_machine_falls_on_one_timing_per_size_and_the_medians_discard_it():
@@ -478,8 +495,9 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
         return FAKE_COMPUTE | ({"slowed_time": 7e-3, "slow_forward": 1.1e-3} if slow > 1 else {})
 
     fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
-    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, **k: {
-        "burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit}})
+    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, now, **k: {
+        "burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit},
+        "now": [[size, precision, [5e-3]] for size, precision in now]})
     monkeypatch.setattr("real.testbed.calibration.measure_compute", measure_compute)
     monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
     args = validation.parse_args(["--out", str(tmp_path / "v")])
