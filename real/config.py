@@ -169,6 +169,8 @@ class RunConfig:
                 raise ValueError(f"RunConfig.fail: step {item[1]} is past the last step ({self.steps - 1})")
             if len(item) > 2:
                 check_choice(owner, "fail mode", item[2], FAIL_MODES)
+        if len({item[0] for item in fail}) < len(fail):  # a rank fails once: which entry would it follow?
+            raise ValueError(f"RunConfig.fail: a rank is named twice in {fail!r}; give each rank once")
         object.__setattr__(self, "slow", slow)
         object.__setattr__(self, "fail", fail)
         object.__setattr__(self, "amp", check_bool(owner, "amp", self.amp))

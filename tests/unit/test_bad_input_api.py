@@ -92,7 +92,8 @@ TARGETS = {
         "seed": bad_counts(0, 2**63 - 1), "timeout": bad_reals(1.0, 86400.0),
         "slow": st.sampled_from(["1:", ":3", "1:2,", "a:b", "1:٣", "9:2", "1:0.5", "1:1e9", "1:nan", "1:2:3:4",
                                        "1:2:-1", "1:2:1e9", "1:2:nan", "1:2,1:3"]),
-        "fail": st.sampled_from(["1:", "1:2,", ",1:2", "1:2:explode", "1:٣", "5:1", "1:-1", "1:20", "1:2:hang:x"]),
+        "fail": st.sampled_from(["1:", "1:2,", ",1:2", "1:2:explode", "1:٣", "5:1", "1:-1", "1:20", "1:2:hang:x",
+                                  "1:2,1:3"]),
         "out": st.sampled_from(["", " ", "/proc/syncsim-out", "/dev/null", "/dev/null/x"]),
         "amp": st.sampled_from([1, "true", None]), "model": st.text(max_size=6).filter(lambda t: t not in MODELS)}),
     "TestbedConfig": (TestbedConfig, {}, {

@@ -26,3 +26,12 @@ def test_a_slow_option_that_cannot_be_carried_out_is_refused_by_name(tmp_path, s
     with pytest.raises(ValueError, match=named) as refused:
         RunConfig(scheme="ps", world=2, servers=1, model="mlp", out=str(tmp_path), slow=slow)
     assert "RunConfig.slow" in str(refused.value)
+
+
+def test_a_rank_told_to_fail_twice_is_refused_by_name(tmp_path):
+    # a rank fails once: given two entries it would follow the first and silently drop the second
+    with pytest.raises(ValueError, match="named twice") as refused:
+        RunConfig(world=3, model="mlp", steps=10, out=str(tmp_path), fail="1:5,1:7:hang")
+    assert "RunConfig.fail" in str(refused.value)
+    cfg = RunConfig(world=3, model="mlp", steps=10, out=str(tmp_path), fail="1:5,2:7:hang")
+    assert (cfg.failure(1), cfg.failure(2)) == ((5, "crash"), (7, "hang"))
