@@ -420,18 +420,29 @@ def _stats(errors: pd.Series) -> tuple[float, float, int]:
 
 def summary_lines(frame: pd.DataFrame) -> list[str]:
     """The study's verdict: step time, speedup and staleness errors, and the three worst configurations."""
+    from syncsim.units import parse_bandwidth
+
     ok = frame[~failed(frame)]
     lines = []
     med, top, n = _stats(ok["rel_error"])
     lines.append(f"step time: median |error| {med:.1%}, max {top:.1%} over {n} configurations")
+    if n:  # how many meet the targets' bounds, and where the misses are: by link rate, slowest first
+        errors = ok["rel_error"].abs()
+        by_link = sorted((parse_bandwidth(rate), rate, float(e.median()))
+                         for rate, e in errors.groupby(ok["bandwidth"]))
+        lines.append(f"step time: {int((errors <= 0.10).sum())} configurations within 10%, "
+                     f"{int((errors <= 0.15).sum())} within 15%; median |error| by link "
+                     + ", ".join(f"{rate} {median:.1%}" for _, rate, median in by_link))
     med, top, n = _stats(ok["speedup_error"])
     lines.append(f"speedup: median |error| {med:.1%}, max {top:.1%} over {n} configurations "
                  "(the one-worker baselines, 1 by definition, left out)")
     med, top, n = _stats(ok["staleness_mean_error"])
     if n:
         distance = ok.loc[ok["staleness_mean_error"].notna(), "staleness_distance"].median()
+        within = int((ok["staleness_mean_error"].abs() <= 0.20).sum())
         lines.append(f"staleness mean: median |error| {med:.1%}, max {top:.1%} over {n} asynchronous or SSP "
-                     f"configurations; median KS distance between the distributions {distance:.2f}")
+                     f"configurations ({within} within 20%); median KS distance between the distributions "
+                     f"{distance:.2f}")
     spread = ok["measured_spread"].dropna() if "measured_spread" in ok else pd.Series(dtype=float)
     if len(spread):
         lines.append(f"measured step time wandered within its own run by a median {spread.median():.1%}, max "

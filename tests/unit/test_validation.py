@@ -690,3 +690,19 @@ def test_a_resumed_study_fills_in_the_drift_of_rows_measured_before_it_was_recor
         step_time_spread(trace, validation.SPREAD_WINDOWS, steps, kept.world))
     others = [c.key for c in configs if c.key != kept.key]
     assert data.loc[others, "measured_spread"].isna().all()
+
+
+def test_the_summary_counts_the_rows_within_the_targets_bounds_and_gives_each_link_s_median():
+    # |errors| 0.05, 0.12, 0.30 at 1 Gbit/s and 0.02, 0.10 at 50 Mbit/s (the bounds are inclusive); one
+    # failed row counts nowhere; staleness errors 0.1 and 0.25 on the two rows that have one
+    errors = [("1Gbit/s", -0.05, np.nan), ("1Gbit/s", 0.12, 0.1), ("1Gbit/s", -0.30, -0.25), ("50Mbit/s", 0.02, np.nan),
+              ("50Mbit/s", 0.10, np.nan), ("50Mbit/s", np.nan, np.nan)]
+    frame = pd.DataFrame([{"scheme": "ps", "world": 2, "bandwidth": rate, "model": "mlp", "slow": 1.0,
+                           "rel_error": e, "speedup_error": e, "staleness_mean_error": s, "staleness_distance": 0.1,
+                           "predicted_step_time": 1.0, "measured_step_time": 1.0,
+                           "error": "" if not np.isnan(e) else "RuntimeError: injected"} for rate, e, s in errors])
+    lines = validation.summary_lines(frame)
+    assert "step time: 3 configurations within 10%, 4 within 15%; median |error| by link " \
+           "50Mbit/s 6.0%, 1Gbit/s 12.0%" in lines
+    assert any("over 2 asynchronous or SSP configurations (1 within 20%)" in line for line in lines)
+    assert lines[0] == "step time: median |error| 10.0%, max 30.0% over 5 configurations"
