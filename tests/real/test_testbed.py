@@ -18,9 +18,12 @@ from real.testbed.namespaces import NETNS_ETC, namespaces
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "sstbtest"  # distinct from the CLI's default, so a test never removes a user's leftovers
 
-# Two ranks all-reduce SIZE bytes REPEATS times (after one warm-up); rank 0 prints the median seconds.
+# Two ranks all-reduce SIZE bytes REPEATS times (after one warm-up); rank 0 prints the fastest time: a link's
+# rate is what its fastest transfer shows, since a stall of this shared machine only ever adds time (one CI
+# run's median of five 4 MiB all-reduces came out at 18.3 MB/s behind the 25 MB/s shaper), and no transfer
+# can beat the shaper by more than its bucket (25 kB of the 4 MiB).
 ALLREDUCE = """
-import os, statistics, sys, time, torch, torch.distributed as dist
+import os, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 buf = torch.zeros(int(sys.argv[1]) // 4)
 times = []
@@ -30,7 +33,7 @@ for i in range(int(sys.argv[2]) + 1):
     dist.all_reduce(buf)
     times.append(time.perf_counter() - t0)
 if dist.get_rank() == 0:
-    print(statistics.median(times[1:]))
+    print(min(times[1:]))
 dist.destroy_process_group()
 """
 
