@@ -75,6 +75,13 @@ def _as_float(value: object) -> float:
     return number(value) if isinstance(value, str) else check_float("RunConfig", "factor", value)
 
 
+def _one_entry_per_rank(owner: str, items: tuple, verb: str) -> None:
+    """Refuse a rank given twice in ``--slow`` or ``--fail``: it would follow one entry and silently drop the
+    other (a rank is slowed by one factor and fails once)."""
+    if len({item[0] for item in items}) < len(items):
+        raise ValueError(f"RunConfig.{owner}: a rank is {verb} twice in {items!r}; give each rank once")
+
+
 _FORMS = {"slow": "RANK:FACTOR[:FORWARD] (e.g. 1:3, or 1:3:0.005)", "fail": "RANK:STEP[:crash|hang] (e.g. 1:5)"}
 
 
@@ -160,8 +167,7 @@ class RunConfig:
                                  f"its sleep from (a slowed server takes FACTOR times its work); give RANK:FACTOR")
             if forward:  # a forward pass of over a minute is no straggler's sleep to emulate
                 check_float(owner, f"slow[{rank}].forward", forward[0], low=0.0, high=MAX_FORWARD)
-        if len({item[0] for item in slow}) < len(slow):
-            raise ValueError(f"RunConfig.slow: a rank is slowed twice in {slow!r}; give each rank once")
+        _one_entry_per_rank("slow", slow, "slowed")
         for item in fail:
             self._check_rank("fail", item[0])
             check_int(owner, f"fail[{item[0]}].step", item[1], 0)
@@ -169,8 +175,7 @@ class RunConfig:
                 raise ValueError(f"RunConfig.fail: step {item[1]} is past the last step ({self.steps - 1})")
             if len(item) > 2:
                 check_choice(owner, "fail mode", item[2], FAIL_MODES)
-        if len({item[0] for item in fail}) < len(fail):  # a rank fails once: which entry would it follow?
-            raise ValueError(f"RunConfig.fail: a rank is named twice in {fail!r}; give each rank once")
+        _one_entry_per_rank("fail", fail, "named")
         object.__setattr__(self, "slow", slow)
         object.__setattr__(self, "fail", fail)
         object.__setattr__(self, "amp", check_bool(owner, "amp", self.amp))
