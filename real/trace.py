@@ -14,12 +14,14 @@ import json
 import math
 import time
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from syncsim.files import write_atomic
 from syncsim.metrics import steady_state
 from syncsim.recorder import TRACE_COLUMNS, UPDATE_COLUMNS  # the simulator's schema, column for column
+
+if TYPE_CHECKING:  # imported where a merge reads the CSVs back: a rank that only records never needs it
+    import pandas as pd
 
 __all__ = ["Recorder", "TRACE_COLUMNS", "UPDATE_COLUMNS", "write_atomic", "merge", "rank_dir"]
 
@@ -87,6 +89,8 @@ def merge(out: str | Path, config: dict, complete: bool, error: str | None = Non
     workers = sorted((r for r in results if r["role"] == "worker"), key=lambda r: r["rank"])
     write_atomic(out / "trace.csv", _csv_text(TRACE_COLUMNS, [tuple(r) for r in trace]))
     write_atomic(out / "updates.csv", _csv_text(UPDATE_COLUMNS, [tuple(r) for r in updates]))
+    import pandas as pd
+
     # The figures come from the files just written, read back as a user would read them.
     summary = summarise(config, workers, results, complete, error, pd.read_csv(out / "trace.csv"),
                         pd.read_csv(out / "updates.csv")) | {"first_failure": first_failure}
