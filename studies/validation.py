@@ -62,7 +62,7 @@ is under a millisecond, where one burst of a shared machine decides the row (-16
 once, over CI runs, when the compute calibration still left out the executor's own bookkeeping)."""
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
-           "measured_spread", "predicted_seed_cv", "predicted_speedup", "measured_speedup", "speedup_error",
+           "measured_spread", "dropped", "predicted_seed_cv", "predicted_speedup", "measured_speedup", "speedup_error",
            "predicted_staleness_mean", "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max",
            "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
            "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
@@ -179,6 +179,13 @@ def timed_size(config: Config) -> tuple[tuple[int, str], ...]:
     return ((wire_bytes(message_bytes(config), precision), precision),)
 
 
+def sent_precisions(configs: list[Config]) -> tuple[str, ...]:
+    """The wire precisions the schemes of ``configs`` send: the link probe's sweep times only these."""
+    from syncsim.schemes import parse
+
+    return tuple(sorted({parse(config.scheme).precision for config in configs}))
+
+
 def quick_grid(slow: float = SLOW) -> list[Config]:
     """A few minutes: the small model at one rate, two workers; synchronous and asynchronous PS, all-reduce."""
     return [Config("allreduce", 1, "200Mbit/s", "mlp"), Config("allreduce", 2, "200Mbit/s", "mlp"),
@@ -205,7 +212,7 @@ def calibrate(config: Config, args: argparse.Namespace):
     # the shaper pace drifts with the machine's load over the half hour a grid takes
     own = timed_size(config)
     measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message,
-                            hosts=config.link_hosts, now=own)
+                            hosts=config.link_hosts, now=own, precisions=sent_precisions(args.configs))
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
     # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes
@@ -289,8 +296,9 @@ def run_steps(asked: int, predicted_run: float) -> int:
 
 
 def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int, slow_forward: float | None = None):
-    """Run ``config`` for real on a testbed of world + servers hosts; its steady state (syncsim.metrics) and
-    how much its step time wandered while it ran (syncsim.metrics.step_time_spread).
+    """Run ``config`` for real on a testbed of world + servers hosts; its steady state (syncsim.metrics),
+    how much its step time wandered while it ran (syncsim.metrics.step_time_spread) and how many packets
+    the testbed's shapers dropped (Testbed.dropped: none, unless its queue is made shallower than QUEUE).
 
     A straggler row's slowed worker sizes its sleep from ``slow_forward``, the forward its compute probe
     timed (measure_compute's ``slow_forward``), so that it sleeps as long as the probe's slowed rank,
@@ -310,6 +318,7 @@ def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int, 
     with Testbed(hosts=cfg.ranks, bandwidth=config.bandwidth, prefix=args.prefix) as bed:
         # Started without torchrun's agents: half the processes on this machine's two cores, same ranks.
         code, message = run(bed, cfg, timeout=args.run_timeout, agent=False)
+        dropped = None if code else bed.dropped()  # packets its shapers lost (none with the default QUEUE)
     if code > 128:  # interrupted (the launcher stopped the nodes and kept the record): the study stops too
         raise Interrupted(code - 128)
     if code:
@@ -317,7 +326,7 @@ def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int, 
     trace = pd.read_csv(folder / "trace.csv")
     return (steady_state(trace, pd.read_csv(folder / "updates.csv"), args.batch_size, steps=steps,
                          workers=config.world),
-            run_spread(trace, steps, config.world))
+            run_spread(trace, steps, config.world), dropped)
 
 
 def run_spread(trace: pd.DataFrame, steps: int, world: int) -> float:
@@ -362,8 +371,8 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
         result.updates.to_csv(folder / "sim-updates.csv", index=False)
         predicted, row["predicted_seed_cv"] = predict(result)
         forward = values.get("slow_forward", math.nan)  # what the probe's slowed rank sized its sleep from
-        measured, row["measured_spread"] = measure(config, args, folder, steps,
-                                                   slow_forward=None if math.isnan(forward) else forward)
+        measured, row["measured_spread"], row["dropped"] = measure(
+            config, args, folder, steps, slow_forward=None if math.isnan(forward) else forward)
         row.update(predicted_step_time=predicted.step_time, measured_step_time=measured.step_time,
                    predicted_throughput=predicted.throughput, measured_throughput=measured.throughput,
                    predicted_staleness_mean=predicted.staleness_mean,
@@ -448,6 +457,12 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         lines.append(f"measured step time wandered within its own run by a median {spread.median():.1%}, max "
                      f"{spread.max():.1%} (coefficient of variation over {SPREAD_WINDOWS} windows): the floor "
                      "below which a row's error is this machine's drift, not the model's")
+    dropped = ok["dropped"].dropna() if "dropped" in ok else pd.Series(dtype=float)
+    if len(dropped):  # a lost packet costs TCP a retransmission, up to a 200 ms timeout: not in the model
+        lossy = dropped[dropped > 0]
+        lines.append(f"the testbed's shapers dropped no packet in any of {len(dropped)} runs" if lossy.empty else
+                     f"the testbed's shapers dropped packets in {len(lossy)} of {len(dropped)} runs "
+                     f"(at most {int(lossy.max())} in one): steps there include TCP's recoveries")
     seeds = ok["predicted_seed_cv"].dropna() if "predicted_seed_cv" in ok else pd.Series(dtype=float)
     if len(seeds):
         lines.append(f"predicted step time varied from seed to seed by a median {seeds.median():.1%}, max "

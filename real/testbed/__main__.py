@@ -15,7 +15,7 @@ from pathlib import Path
 
 from real.interrupt import Interrupted, raise_on_signals
 from real.testbed.launcher import MAX_RUN_TIMEOUT, run
-from real.testbed.namespaces import Testbed, TestbedUnavailable
+from real.testbed.namespaces import QUEUE, Testbed, TestbedUnavailable
 from syncsim.arguments import ArgumentParser, fail, integer, number
 
 __all__ = ["main"]
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                         epilog="Options after -- are real.run's (see docs/real.md).")
     ap.add_argument("--hosts", type=integer, help="hosts (default: the run's ranks, world + servers)")
     ap.add_argument("--bandwidth", default="200Mbit/s", help="each link's rate, each direction")
-    ap.add_argument("--queue", default="20ms", help="tbf latency: longest wait in a shaper")
+    ap.add_argument("--queue", default=QUEUE, help="tbf latency: longest wait in a shaper (deep enough to lose "
+                                                  "no packet; real.testbed.namespaces.QUEUE)")
     ap.add_argument("--prefix", default="sstb", help="namespace name prefix")
     ap.add_argument("--run-timeout", type=number, default=600.0, help="seconds before the nodes are stopped")
     ap.add_argument("--check", action="store_true",

@@ -3,7 +3,7 @@
 Every number the simulator is given is measured here, on this machine, and has a physical meaning:
 
 - **links**: a probe on a testbed at the configuration's rate times a ping-pong between two hosts and
-  an all-reduce over every host at each wire precision, over message sizes SWEEP, each message after
+  an all-reduce over every host at fp32 and each wire precision asked for, over message sizes SWEEP, each message after
   the links rested long enough to refill their tbf buckets, the sizes timed in turns (interleaved) so
   that a stall of the machine cannot take all of one size's timings; an all-reducing run is probed on as many
   hosts as it has workers. fit_links gives α, B and a collective's launch cost L of each closed form
@@ -128,10 +128,13 @@ def _refill_idle(config) -> float:
 
 
 def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
-                 message_bytes: float | None = None, hosts: int = 2, now: tuple[tuple[int, str], ...] = ()) -> dict:
+                 message_bytes: float | None = None, hosts: int = 2, now: tuple[tuple[int, str], ...] = (),
+                 precisions: tuple[str, ...] = ("fp32",)) -> dict:
     """Probe a testbed of ``hosts`` hosts at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket,
     "fits": fit_links, "now": the timings of ``now``}, the rates fitted around ``message_bytes`` when given
-    (see fit_links). The sweep is cached; the fit is made from it each time.
+    (see fit_links). The sweep is cached; the fit is made from it each time. It times all-reduces at each
+    of ``precisions`` (fp32 always), a quarter of its time each: a study sweeps only the precisions its
+    schemes send, and a cached sweep that lacks one asked for is measured again.
 
     ``now`` are a run's own all-reduces, (bytes, precision) as wire_bytes gives them, timed at every call
     and never cached, AT_REPEATS times each after busy rests; fit_links takes a collective's time at the
@@ -147,18 +150,22 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     a 407 kB all-reduce took 4-6 ms over two hosts and 6-9 ms over four). The ping-pong always runs
     between hosts 0 and 1."""
 
+    if unknown := set(precisions) - set(WIRE):
+        raise ValueError(f"measure_link: precisions must be among {sorted(WIRE)}, got {sorted(unknown)}")
+    swept = sorted(set(precisions) | {"fp32"}, key=list(WIRE).index)  # fp32: the plain "allreduce" curve
     fresh = sorted({(int(size), str(precision)) for size, precision in now})
     for size, precision in fresh:
         if not _valid_at(size, precision):
             raise ValueError(f"measure_link: now entry ({size!r}, {precision!r}) must be a precision of "
                              f"{sorted(WIRE)} and a positive whole number of its elements' bytes")
 
-    def measure(at: list, sweep_sizes: bool = True, tag: str = "") -> dict:
+    def measure(at: list, sweep_sizes: bool = True, tag: str = "", swept: list[str] = swept) -> dict:
         from real.testbed.launcher import torchrun_on
         from real.testbed.namespaces import Testbed
 
         probe_file = folder / f"probe-{name}{tag}.json"
-        argv = ["--probe", str(probe_file), "--repeats", str(repeats), "--at", encode_at(at)]
+        argv = ["--probe", str(probe_file), "--repeats", str(repeats), "--at", encode_at(at),
+                "--precisions", ",".join(swept)]
         with Testbed(hosts=hosts, bandwidth=bandwidth, prefix=prefix) as bed:
             argv += ["--idle", str(_refill_idle(bed.config))] + ([] if sweep_sizes else ["--no-sweep"])
             codes = torchrun_on(bed, "real.testbed.calibration", argv, folder / "logs", timeout=900, agent=False)
@@ -169,7 +176,12 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
         return {"bandwidth": bandwidth, "hosts": hosts, "burst": bed.config.burst, "probe": probe}
 
     name = f"{slug(bandwidth)}-h{hosts}"
-    measured = _cached(folder / f"link-{name}.json", lambda: measure([]))
+    path = folder / f"link-{name}.json"
+    measured = _cached(path, lambda: measure([]))
+    had = [precision for precision in WIRE if f"allreduce_{precision}" in measured["probe"]]
+    if set(swept) - set(had):  # a precision asked for now was not swept: sweep it and those the cache had
+        measured = measure([], swept=sorted(set(swept) | set(had), key=list(WIRE).index))
+        write_atomic(path, json.dumps(measured, indent=1))
     timed_now = measure(fresh, sweep_sizes=False, tag="-now")["probe"]["at_size"] if fresh else []
     probe = measured["probe"] | {"at_size": timed_now}
     return measured | {"fits": fit_links(probe, measured["burst"], message_bytes), "now": timed_now}
@@ -492,9 +504,10 @@ def _busy(seconds: float) -> None:
         a @ a
 
 
-def _probe_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], sweep_sizes: bool = True) -> None:
-    """Ping-pong (ranks 0 and 1, fp32) and all-reduce (every rank, each wire precision) over SWEEP, then
-    the all-reduces of ``at`` ((bytes, precision): the runs' own sizes) AT_REPEATS times each, each
+def _probe_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], sweep_sizes: bool = True,
+                precisions: tuple[str, ...] = tuple(WIRE)) -> None:
+    """Ping-pong (ranks 0 and 1, fp32) and all-reduce (every rank, at each of ``precisions``) over SWEEP,
+    then the all-reduces of ``at`` ((bytes, precision): the runs' own sizes) AT_REPEATS times each, each
     after ``idle`` seconds of _busy; ``sweep_sizes`` False times only ``at``."""
     import torch
     import torch.distributed as dist
@@ -520,8 +533,8 @@ def _probe_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], 
     if sweep_sizes:
         bufs = [torch.zeros(size // 4) for size in SWEEP]
         result["pingpong"] = sweep([lambda buf=buf: pingpong(buf) for buf in bufs], per=2.0)  # one way
-        for precision, name in WIRE.items():
-            dtype = getattr(torch, name)
+        for precision in precisions:
+            dtype = getattr(torch, WIRE[precision])
             bufs = [torch.zeros(size // dtype.itemsize, dtype=dtype) for size in SWEEP]
             result[f"allreduce_{precision}"] = sweep([lambda buf=buf: dist.all_reduce(buf) for buf in bufs],
                                                      from_last=True)
@@ -783,6 +796,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--at", default="", help="the link probe also times these all-reduces, BYTES:PRECISION,... "
                                              "(the runs' own sizes)")
     ap.add_argument("--no-sweep", action="store_true", help="the link probe times only --at")
+    ap.add_argument("--precisions", default=",".join(WIRE),
+                    help="the link probe's sweep times all-reduces at these wire precisions (fp32 always)")
     ap.add_argument("--model", default="lenet", choices=MODELS)
     ap.add_argument("--batch-size", type=integer, default=32)
     ap.add_argument("--scheme", default="allreduce", help="the scheme whose worker step the compute probe times")
@@ -807,10 +822,13 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= args.idle <= 60:
             raise ValueError(f"--idle must be between 0 and 60 seconds, got {args.idle:g}")
         at = parse_at(args.at)
+        precisions = tuple(dict.fromkeys(["fp32", *filter(None, args.precisions.split(","))]))
+        if unknown := [p for p in precisions if p not in WIRE]:
+            raise ValueError(f"--precisions: each must be one of {sorted(WIRE)}, got {unknown[0]!r}")
     except ValueError as err:
         ap.error(str(err))
     if args.probe is not None:
-        _probe_rank(args.probe, args.repeats, args.idle, at, sweep_sizes=not args.no_sweep)
+        _probe_rank(args.probe, args.repeats, args.idle, at, sweep_sizes=not args.no_sweep, precisions=precisions)
     elif args.sharing is not None:
         _sharing_rank(args.sharing, args.size, args.repeats, args.idle, args.lone)
     else:

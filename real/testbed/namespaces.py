@@ -24,7 +24,7 @@ from pathlib import Path
 from syncsim.config import check_int
 from syncsim.units import parse_bandwidth, parse_size, parse_time
 
-__all__ = ["TestbedConfig", "Testbed", "TestbedUnavailable", "unavailable", "HOST_IFACE"]
+__all__ = ["TestbedConfig", "Testbed", "TestbedUnavailable", "unavailable", "HOST_IFACE", "QUEUE"]
 
 HOST_IFACE = "tb0"
 # Host i has address 10.213.1.(101+i): three-digit final octets keep string order equal to host order,
@@ -39,6 +39,17 @@ FIRST_OCTET = 101
 # 16-256 KiB messages came out up to 2.5x too fast with 100 kB. Hence rate x 1 ms, at least 10 frames.
 BURST_TIME = 1e-3
 MIN_BURST = 10 * 1514
+# tbf queue (its ``latency``: the longest a packet may wait, so rate x QUEUE bytes of room): deep enough
+# that no run here ever loses a packet, as the fabrics data-parallel training runs on do not
+# (InfiniBand's link-level credits hold a sender back instead; RoCE deployments pause with PFC). TCP on
+# these veths has a round trip of tens of microseconds, so its window grows until a transfer's whole
+# message is in flight, and a shallow shaper drops what it cannot hold: with a 20 ms queue, 60 steps of
+# two synchronous parameter-server workers of the small model at 50 Mbit/s retransmitted 28,486 segments,
+# and the stalls after a loss (up to the 200 ms retransmission timeout) made the step time wander (a
+# median 3.5 % over a run's windows, one step 698 ms where the link needs 272 ms); with 2 s, none were
+# dropped, the slowest step took 281 ms and the wander fell to 1.2 %. 2 s holds every host's message at
+# once at the slowest rate the studies use (four pushes of the larger model, 6.9 MB, at 50 Mbit/s: 1.1 s).
+QUEUE = "2s"
 # ip-netns(8): `ip netns exec NAME` bind-mounts each file of /etc/netns/NAME/ over its namesake in /etc.
 # Each host gets its own hosts file (this machine's hostname is its own address, so a lookup of it or of
 # a peer is answered locally) and a resolv.conf naming no server (glibc then asks 127.0.0.1, inside the
@@ -67,9 +78,9 @@ class TestbedConfig:
     """Hosts, each its own network namespace; a run puts one rank on each."""
     bandwidth: float | str = "200Mbit/s"
     """Rate of each host's link, each direction (bytes/s, or a string with units)."""
-    queue: float | str = "20ms"
-    """tbf ``latency``: longest a packet may wait in a shaper before it is dropped. Enough to hold the
-    first window of a few concurrent TCP flows without loss, short enough that a dropped packet is noticed."""
+    queue: float | str = QUEUE
+    """tbf ``latency``: longest a packet may wait in a shaper before it is dropped; the default holds every
+    transfer of the studies' runs, so none loses a packet (see QUEUE). ``Testbed.dropped`` counts losses."""
     prefix: str = "sstb"
     """Start of every namespace name; leftovers of dead runs with this prefix are removed at start."""
     burst: float | str | None = None
@@ -123,7 +134,7 @@ class Testbed:
     __test__ = False  # not a pytest test class despite its name
 
     def __init__(self, hosts: int = 2, bandwidth: float | str = "200Mbit/s", prefix: str = "sstb",
-                 queue: float | str = "20ms", burst: float | str | None = None):
+                 queue: float | str = QUEUE, burst: float | str | None = None):
         self.config = TestbedConfig(hosts=hosts, bandwidth=bandwidth, queue=queue, prefix=prefix, burst=burst)
         # The pid in the name tells leftovers of dead runs from a testbed another process is using.
         self.name = f"{prefix}{os.getpid()}x{uuid.uuid4().hex[:4]}"
@@ -189,6 +200,18 @@ class Testbed:
             NETNS_ETC.rmdir()  # only if empty: another tool's per-namespace files stay
         except OSError:
             pass
+
+    def dropped(self) -> int:
+        """Packets the testbed's shapers (every host's and the bridge's) have dropped since it was built."""
+        total = 0
+        for ns, device in [(ns, HOST_IFACE) for ns in self.host_ns] + [(self.bridge_ns, f"v{i}")
+                                                                        for i in range(len(self.host_ns))]:
+            shown = _ip("tc", "-n", ns, "-s", "qdisc", "show", "dev", device, "root")
+            match = re.search(r"\(dropped (\d+),", shown)
+            if match is None:
+                raise TestbedUnavailable(f"tc -s qdisc on {device} in {ns} shows no drop count: {shown.strip()!r}")
+            total += int(match.group(1))
+        return total
 
     def command(self, host: int, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.host_ns[host], *argv]

@@ -106,6 +106,60 @@ def test_gloo_allreduce_runs_at_the_emulated_rate():
     assert unlimited > 4 * limited, f"loopback {unlimited / 1e6:.1f} MB/s vs limited {limited / 1e6:.1f} MB/s"
 
 
+# Host 2 receives SIZE bytes from each of hosts 0 and 1 at once over plain TCP (the incast of a parameter
+# server's pushes); the receiver prints the bytes it got.
+RECEIVE = """
+import socket, sys, threading
+server = socket.create_server((sys.argv[1], 29611))
+got = []
+def drain(conn):
+    n = 0
+    while chunk := conn.recv(1 << 16):
+        n += len(chunk)
+    got.append(n)
+threads = []
+for _ in range(2):
+    conn, _ = server.accept()
+    threads.append(threading.Thread(target=drain, args=(conn,)))
+    threads[-1].start()
+for t in threads:
+    t.join()
+print(sum(got))
+"""
+SEND = """
+import socket, sys, time
+for _ in range(100):
+    try:
+        conn = socket.create_connection((sys.argv[1], 29611))
+        break
+    except OSError:
+        time.sleep(0.05)
+conn.sendall(bytes(int(sys.argv[2])))
+conn.close()
+"""
+
+
+@pytest.mark.testbed
+def test_the_default_queue_holds_two_hosts_sending_into_one_and_a_shallow_one_drops(tmp_path):
+    # Basis: a tbf shaper drops a packet only when its queue, rate x latency bytes, is full (tc-tbf(8)).
+    # Two senders each shaped to the rate converge on one receiver's shaper at twice it, so its queue
+    # grows by the rate: a 20 ms queue (140 kB at 50 Mbit/s) fills within a 1 MB transfer, and TCP's
+    # window on a path of tens of microseconds grows past it; the default (QUEUE) holds both transfers
+    # whole, so the runs the studies make on it lose no packet (the fabrics they model are lossless).
+    size = 1_000_000
+    dropped = {}
+    for queue in ("20ms", None):
+        with Testbed(hosts=3, bandwidth="50Mbit/s", prefix=PREFIX, **({"queue": queue} if queue else {})) as bed:
+            receiver = bed.popen(2, [sys.executable, "-c", RECEIVE, bed.ips[2]], stdout=subprocess.PIPE, text=True)
+            senders = [bed.popen(host, [sys.executable, "-c", SEND, bed.ips[2], str(size)]) for host in (0, 1)]
+            assert all(sender.wait(timeout=60) == 0 for sender in senders)
+            out, _ = receiver.communicate(timeout=60)
+            assert int(out) == 2 * size  # TCP delivered every byte either way
+            dropped[queue] = bed.dropped()
+    assert dropped[None] == 0, f"the default queue dropped packets: {dropped}"
+    assert dropped["20ms"] > 0, dropped  # the count sees drops where there are some
+
+
 @pytest.mark.testbed
 @pytest.mark.parametrize("agent", [True, False], ids=["torchrun", "direct"])
 def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path, agent):

@@ -122,6 +122,7 @@ ENTRY_POINTS = {
                                   "--at": lambda s: st.sampled_from(["3:fp16", "x:fp32", "4:fp64", "0:fp32", "6:fp32",
                                                                      "-4:fp32", "4", "\u0664:fp32",
                                                                      "4:fp32,5:fp16", " 4:fp32"]),
+                                  "--precisions": lambda s: st.sampled_from(["fp8", "fp16,fp64", "FP16", " fp16"]),
                                   "--model": lambda s: bad_choice_text(MODELS),
                                   "--batch-size": lambda s: bad_int_text(1, BATCH),
                                   "--scheme": lambda s: BAD_SCHEMES,

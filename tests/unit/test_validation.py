@@ -204,6 +204,19 @@ def test_an_all_reducing_run_has_its_own_all_reduce_timed_at_its_wire_size_and_n
     assert validation.timed_size(validation.Config("allreduce", 1, "1Gbit/s", "mlp")) == ()
 
 
+class ProbeBed:
+    """A stand-in testbed for the link probe's launches: a 1 Gbit/s link with a 125 kB bucket, no namespaces."""
+
+    def __init__(self, hosts, bandwidth, prefix):
+        self.config = type("C", (), {"burst": 125_000, "bandwidth": 125e6})()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
 def test_sizes_timed_now_are_timed_at_every_call_never_cached_and_fitted_from_their_own_timings(monkeypatch,
                                                                                                    tmp_path):
     # A collective the cores pace drifts with the machine's load between the study's link probe and a run
@@ -211,16 +224,6 @@ def test_sizes_timed_now_are_timed_at_every_call_never_cached_and_fitted_from_th
     # still cached), their timings are what the fit passes through, and the cache keeps only its own.
     launches = []
     timings = iter([3e-3, 5e-3, 4e-3])  # the sweep's launch draws the first
-
-    class FakeBed:
-        def __init__(self, hosts, bandwidth, prefix):
-            self.config = type("C", (), {"burst": 125_000, "bandwidth": 125e6})()
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
 
     def torchrun_on(bed, module, argv, log_dir, timeout, agent):
         at, sweep = argv[argv.index("--at") + 1], "--no-sweep" not in argv
@@ -233,7 +236,7 @@ def test_sizes_timed_now_are_timed_at_every_call_never_cached_and_fitted_from_th
         return [0, 0]
 
     monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
-    monkeypatch.setattr("real.testbed.namespaces.Testbed", FakeBed)
+    monkeypatch.setattr("real.testbed.namespaces.Testbed", ProbeBed)
     own = ((407_080, "fp32"),)
     for expected in (5e-3, 4e-3):
         measured = measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own)
@@ -342,7 +345,7 @@ def _fake_study(monkeypatch, fail: set):
             raise RuntimeError("rank 1 (worker) failed at step 3: injected")
         cluster, workload, _ = calibrate(config, args)
         result = simulate(cluster, workload, config.scheme, steps=steps, seed=1)
-        return result.steady, step_time_spread(result.trace, validation.SPREAD_WINDOWS, steps, config.world)
+        return result.steady, step_time_spread(result.trace, validation.SPREAD_WINDOWS, steps, config.world), 0
 
     monkeypatch.setattr(validation, "calibrate", calibrate)
     monkeypatch.setattr(validation, "measure", measure)
@@ -441,8 +444,11 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     probed = []
     fit = {"alpha": 1e-4, "launch": 3e-3, "bandwidth": 5e6}
 
-    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now):
+    swept = []
+
+    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now, precisions):
         probed.append((hosts, now))
+        swept.append(precisions)
         return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0}, "allreduce_fp32": fit,
                                           "allreduce_fp16": fit},
                 "now": [[size, precision, [7e-3] * AT_REPEATS] for size, precision in now]}
@@ -462,6 +468,8 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
             assert values["link_at_size"] == pytest.approx(7e-3)
         else:
             assert math.isnan(values["link_at_size"])
+    # the link probe sweeps the precisions the grid's schemes send (the default grid: fp32 and fp16)
+    assert set(swept) == {("fp16", "fp32")}
 
 
 def test_a_stall_of_the_machine_falls_on_one_timing_per_size_and_the_medians_discard_it():
@@ -706,3 +714,42 @@ def test_the_summary_counts_the_rows_within_the_targets_bounds_and_gives_each_li
            "50Mbit/s 6.0%, 1Gbit/s 12.0%" in lines
     assert any("over 2 asynchronous or SSP configurations (1 within 20%)" in line for line in lines)
     assert lines[0] == "step time: median |error| 10.0%, max 30.0% over 5 configurations"
+    assert not any("dropped" in line for line in lines)  # rows measured before drops were counted: no claim
+    frame["dropped"] = [0, 0, 0, 0, 0, np.nan]
+    assert "the testbed's shapers dropped no packet in any of 5 runs" in validation.summary_lines(frame)
+    frame.loc[[1, 2], "dropped"] = [12, 137]
+    assert ("the testbed's shapers dropped packets in 2 of 5 runs (at most 137 in one): steps there include "
+            "TCP's recoveries") in validation.summary_lines(frame)
+
+
+def test_the_link_sweep_times_the_precisions_asked_for_and_sweeps_again_only_for_one_it_lacks(monkeypatch,
+                                                                                              tmp_path):
+    # A sweep's all-reduces at each wire precision are a quarter of its time each; a study sweeps only
+    # the precisions its schemes send (fp32 always: the plain "allreduce" curve), and a cached sweep is
+    # measured again only when a precision asked for is missing from it, keeping those it had.
+    sweeps = []
+
+    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
+        precisions = argv[argv.index("--precisions") + 1].split(",")
+        sweeps.append(precisions)
+        clean = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3)
+        curve = clean["allreduce_fp32"]
+        probe = {"world": 2, "pingpong": clean["pingpong"], "at_size": []}
+        probe |= {f"allreduce_{precision}": curve for precision in precisions}
+        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
+        return [0, 0]
+
+    monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
+    monkeypatch.setattr("real.testbed.namespaces.Testbed", ProbeBed)
+    first = measure_link("1Gbit/s", tmp_path, message_bytes=407_080, precisions=("fp16",))
+    assert sweeps == [["fp32", "fp16"]] and set(first["fits"]) == {"pingpong", "allreduce_fp32", "allreduce_fp16"}
+    measure_link("1Gbit/s", tmp_path, message_bytes=407_080, precisions=("fp32",))
+    assert len(sweeps) == 1  # the cache has it
+    again = measure_link("1Gbit/s", tmp_path, message_bytes=407_080, precisions=("bf16",))
+    assert sweeps[1] == ["fp32", "fp16", "bf16"] and "allreduce_bf16" in again["fits"]
+    with pytest.raises(ValueError, match="precisions must be among"):
+        measure_link("1Gbit/s", tmp_path, precisions=("fp8",))
+    # the study asks for the precisions its grid's schemes send
+    configs = [validation.Config("allreduce:precision=fp16", 2, "1Gbit/s", "mlp"),
+               validation.Config("ps", 2, "1Gbit/s", "mlp")]
+    assert validation.sent_precisions(configs) == ("fp16", "fp32")
