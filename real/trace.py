@@ -79,6 +79,8 @@ def merge(out: str | Path, config: dict, complete: bool, error: str | None = Non
     After a failure some result files are stand-ins the launcher wrote for ranks that could not
     (``"stand_in": true``, real.failure): they count for steps done and errors, not for metrics.
     """
+    import pandas as pd
+
     out = Path(out)
     d = rank_dir(out)
     trace = _read_rows(sorted(d.glob("trace-rank*.csv")))
@@ -89,8 +91,6 @@ def merge(out: str | Path, config: dict, complete: bool, error: str | None = Non
     workers = sorted((r for r in results if r["role"] == "worker"), key=lambda r: r["rank"])
     write_atomic(out / "trace.csv", _csv_text(TRACE_COLUMNS, [tuple(r) for r in trace]))
     write_atomic(out / "updates.csv", _csv_text(UPDATE_COLUMNS, [tuple(r) for r in updates]))
-    import pandas as pd
-
     # The figures come from the files just written, read back as a user would read them.
     summary = summarise(config, workers, results, complete, error, pd.read_csv(out / "trace.csv"),
                         pd.read_csv(out / "updates.csv")) | {"first_failure": first_failure}

@@ -45,9 +45,9 @@ MIN_BURST = 10 * 1514
 # these veths has a round trip of tens of microseconds, so its window grows until a transfer's whole
 # message is in flight, and a shallow shaper drops what it cannot hold: with a 20 ms queue, 60 steps of
 # two synchronous parameter-server workers of the small model at 50 Mbit/s retransmitted 28,486 segments,
-# and the stalls after a loss (up to the 200 ms retransmission timeout) made the step time wander (a
-# median 3.5 % over a run's windows, one step 698 ms where the link needs 272 ms); with 2 s, none were
-# dropped, the slowest step took 281 ms and the wander fell to 1.2 %. 2 s holds every host's message at
+# and the stalls after a loss (up to the 200 ms retransmission timeout) made steps wander (one took 698 ms
+# where the link needs 272 ms); with 2 s none were dropped and the slowest step took 281 ms (and a
+# sub-grid's 50 Mbit/s runs wandered over their windows by a median 1.2 %, not 4.4 %). 2 s holds every host's message at
 # once at the slowest rate the studies use (four pushes of the larger model, 6.9 MB, at 50 Mbit/s: 1.1 s).
 QUEUE = "2s"
 # ip-netns(8): `ip netns exec NAME` bind-mounts each file of /etc/netns/NAME/ over its namesake in /etc.
