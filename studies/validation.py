@@ -427,6 +427,11 @@ def _stats(errors: pd.Series) -> tuple[float, float, int]:
     return (float(errors.median()), float(errors.max()), len(errors)) if len(errors) else (math.nan, math.nan, 0)
 
 
+def _recorded(frame: pd.DataFrame, column: str) -> pd.Series:
+    """``column``'s values where rows have one; empty for a table written before the study recorded it."""
+    return frame[column].dropna() if column in frame else pd.Series(dtype=float)
+
+
 def summary_lines(frame: pd.DataFrame) -> list[str]:
     """The study's verdict: step time, speedup and staleness errors, and the three worst configurations."""
     from syncsim.units import parse_bandwidth
@@ -452,18 +457,18 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         lines.append(f"staleness mean: median |error| {med:.1%}, max {top:.1%} over {n} asynchronous or SSP "
                      f"configurations ({within} within 20%); median KS distance between the distributions "
                      f"{distance:.2f}")
-    spread = ok["measured_spread"].dropna() if "measured_spread" in ok else pd.Series(dtype=float)
+    spread = _recorded(ok, "measured_spread")
     if len(spread):
         lines.append(f"measured step time wandered within its own run by a median {spread.median():.1%}, max "
                      f"{spread.max():.1%} (coefficient of variation over {SPREAD_WINDOWS} windows): the floor "
                      "below which a row's error is this machine's drift, not the model's")
-    dropped = ok["dropped"].dropna() if "dropped" in ok else pd.Series(dtype=float)
+    dropped = _recorded(ok, "dropped")
     if len(dropped):  # a lost packet costs TCP a retransmission, up to a 200 ms timeout: not in the model
         lossy = dropped[dropped > 0]
         lines.append(f"the testbed's shapers dropped no packet in any of {len(dropped)} runs" if lossy.empty else
                      f"the testbed's shapers dropped packets in {len(lossy)} of {len(dropped)} runs "
                      f"(at most {int(lossy.max())} in one): steps there include TCP's recoveries")
-    seeds = ok["predicted_seed_cv"].dropna() if "predicted_seed_cv" in ok else pd.Series(dtype=float)
+    seeds = _recorded(ok, "predicted_seed_cv")
     if len(seeds):
         lines.append(f"predicted step time varied from seed to seed by a median {seeds.median():.1%}, max "
                      f"{seeds.max():.1%} ({PREDICTION_SEEDS} simulations pooled per configuration)")
