@@ -414,12 +414,15 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
     name = f"compute-{model}-b{batch_size}-p{processes}-{worker_work(scheme)}" + (f"-slow{slow:g}" if slow > 1 else "")
 
     def measure() -> dict:
-        from real.run import start_ranks
+        from real.testbed.launcher import fork_local
 
         out = folder / f"{name}.raw.json"
-        start_ranks(processes, "real.testbed.calibration", ["--compute", str(out), "--model", model, "--batch-size",
-                                                            str(batch_size), "--scheme", scheme, "--slow",
-                                                            str(slow)])
+        # Forked as the runs' ranks are (real.testbed.forkserver): no rank spends seconds importing torch.
+        codes = fork_local(processes, "real.testbed.calibration",
+                           ["--compute", str(out), "--model", model, "--batch-size", str(batch_size),
+                            "--scheme", scheme, "--slow", str(slow)], folder / "logs" / name, timeout=900)
+        if any(codes):
+            raise RuntimeError(f"compute probe {name} failed (rank exit codes {codes}); logs in {folder}/logs/{name}")
         return json.loads(out.read_text())
 
     # probes from before the ranks met at their scheme's collectives lack "meets", slowed ones from before a

@@ -615,11 +615,12 @@ def test_a_cached_compute_probe_from_before_a_field_was_measured_is_measured_aga
     (folder / name).write_text(json.dumps({k: v for k, v in FAKE_COMPUTE.items() if k != lacking}))
     started = []
 
-    def start_ranks(processes, module, argv):
+    def fork_local(processes, module, argv, log_dir, timeout):
         started.append(processes)
         Path(argv[1]).write_text(json.dumps(FAKE_COMPUTE))
+        return [0] * processes
 
-    monkeypatch.setattr("real.run.start_ranks", start_ranks)
+    monkeypatch.setattr("real.testbed.launcher.fork_local", fork_local)
     assert calibration.measure_compute("mlp", 32, 2, folder)[lacking] == FAKE_COMPUTE[lacking]
     assert started == [2]
     calibration.measure_compute("mlp", 32, 2, folder)  # now cached with it: not measured again
@@ -637,11 +638,12 @@ def test_a_cached_slowed_probe_without_the_forward_its_sleep_was_sized_from_is_m
     (folder / name).write_text(json.dumps(slowed))
     started = []
 
-    def start_ranks(processes, module, argv):
+    def fork_local(processes, module, argv, log_dir, timeout):
         started.append(processes)
         Path(argv[1]).write_text(json.dumps(slowed | {"slow_forward": 1e-3, "slow_wait": 4e-3}))
+        return [0] * processes
 
-    monkeypatch.setattr("real.run.start_ranks", start_ranks)
+    monkeypatch.setattr("real.testbed.launcher.fork_local", fork_local)
     assert calibration.measure_compute("mlp", 32, 2, folder, slow=3.0)["slow_forward"] == 1e-3
     assert started == [2]
     calibration.measure_compute("mlp", 32, 2, folder, slow=3.0)  # now cached with it
@@ -665,11 +667,12 @@ def test_schemes_whose_workers_do_the_same_work_share_one_compute_probe(tmp_path
     assert len({worker_work(s) for s in others} | servers) == len(others) + 1
     started = []
 
-    def start_ranks(processes, module, argv):
+    def fork_local(processes, module, argv, log_dir, timeout):
         started.append(argv[argv.index("--scheme") + 1])
         Path(argv[1]).write_text(json.dumps(FAKE_COMPUTE))
+        return [0] * processes
 
-    monkeypatch.setattr("real.run.start_ranks", start_ranks)
+    monkeypatch.setattr("real.testbed.launcher.fork_local", fork_local)
     for scheme in ("ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=4"):
         calibration.measure_compute("mlp", 32, 2, tmp_path, scheme=scheme)
     assert started == ["ps", "localsgd:period=4"]  # the asynchronous and SSP servers' workers reuse the first
