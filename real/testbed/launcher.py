@@ -43,7 +43,7 @@ RDZV_PORT = 29400  # torchrun's default c10d port; each namespace has its own po
 
 
 def torchrun_on(bed: Testbed, module: str, argv: list[str], log_dir: str | Path, timeout: float,
-                agent: bool = True) -> list[int]:
+                agent: bool = True, fork: bool = True) -> list[int]:
     """``torchrun -m module argv`` as one node per host (one rank each); the nodes' exit codes (124: stopped).
 
     Each node is ``python -m real.agent``, torchrun with a lifeline: the agents die with this launcher and
@@ -55,9 +55,9 @@ def torchrun_on(bed: Testbed, module: str, argv: list[str], log_dir: str | Path,
     WORLD_SIZE, MASTER_ADDR and MASTER_PORT: torch's env:// rendezvous, host 0 serving the store),
     forked from a server that imported torch once (real.testbed.forkserver), and records each rank's exit
     status itself. Half the processes and no rendezvous rounds: a 5-host run of 5 steps took 18 s
-    instead of 32 s; and no rank imports torch: a 3-host run of 8 steps took 1.7 s instead of 5.0-5.8 s
-    started as ``python -m`` (three runs each, side by side). A study that starts a hundred runs on two
-    cores needs both. The ranks run the same code.
+    instead of 32 s; and no rank imports torch (``fork=False``: each is ``python -m module argv`` in its
+    host instead; ``python -m real.testbed.launch_bench`` times both). A study that starts a hundred runs
+    on two cores needs both. The ranks run the same code.
     """
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,11 @@ def torchrun_on(bed: Testbed, module: str, argv: list[str], log_dir: str | Path,
     def start(i: int):
         if not agent:
             own = dict(env, **rank_env(i, hosts, bed.ips[0], RDZV_PORT))
-            return forkserver.start(bed.host_ns[i], module, argv, own, log_dir / f"node{i}.log")
+            if fork:
+                return forkserver.start(bed.host_ns[i], module, argv, own, log_dir / f"node{i}.log")
+            with open(log_dir / f"node{i}.log", "w") as log:
+                return bed.popen(i, [sys.executable, "-m", module, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                 env=own)
         cmd = [sys.executable, "-m", "real.agent", "--nnodes", str(hosts), "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{bed.ips[0]}:{RDZV_PORT}", "--rdzv-id", run_id,
                # is_host: node 0 serves the rendezvous store; torch's own guess compares the endpoint
@@ -160,9 +164,10 @@ def _stop(procs: list[subprocess.Popen]) -> set[int]:
     return stopped
 
 
-def run(bed: Testbed, cfg, timeout: float = 600.0, agent: bool = True) -> tuple[int, str | None]:
+def run(bed: Testbed, cfg, timeout: float = 600.0, agent: bool = True, fork: bool = True) -> tuple[int, str | None]:
     """A real.worker run of ``cfg`` (a RunConfig) on the testbed; (exit code, failure message or None).
-    ``agent``: each node through torchrun's agent (real.agent), or the rank alone (see torchrun_on).
+    ``agent``: each node through torchrun's agent (real.agent), or the rank alone, forked unless ``fork``
+    is False (see torchrun_on).
 
     As real.run: 0 on success, 1 on a failure (the first cause named from the ranks' reports, the exit
     statuses the agents recorded and the heartbeats), 128 + the signal when interrupted.
@@ -178,7 +183,7 @@ def run(bed: Testbed, cfg, timeout: float = 600.0, agent: bool = True) -> tuple[
     for old in [*logs.glob("exits-node*.json"), logs / FAILED_AT_FILE]:
         old.unlink(missing_ok=True)
     try:
-        codes = torchrun_on(bed, "real.worker", cfg.to_argv(), logs, timeout, agent=agent)
+        codes = torchrun_on(bed, "real.worker", cfg.to_argv(), logs, timeout, agent=agent, fork=fork)
     except BaseException as err:
         signum = signal_of(err)
         if signum is None:
