@@ -142,12 +142,13 @@ class ForkServer:
 
 
 _server: ForkServer | None = None
+_owner: int | None = None  # the process that started _server: a child of it must not share its pipes
 
 
 def _the_server() -> ForkServer:
-    global _server
-    if _server is None or not _server.alive():
-        _server = ForkServer()
+    global _server, _owner
+    if _server is None or _owner != os.getpid() or not _server.alive():
+        _server, _owner = ForkServer(), os.getpid()
     return _server
 
 
@@ -242,15 +243,15 @@ def _exit_status(exit_: SystemExit) -> int:
 def _rank(request: dict, parent: int) -> int:
     """In the forked child: its session, its host, its output, its environment, then its module."""
     os.setsid()
-    if request["namespace"] is not None:
-        enter(request["namespace"])
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)
-    os.dup2(out, 2)
+    os.dup2(out, 2)  # from here on a failure's traceback is in the rank's log (serve prints it)
     os.close(out)
     os.close(null)
+    if request["namespace"] is not None:
+        enter(request["namespace"])
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])

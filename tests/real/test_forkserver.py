@@ -82,6 +82,8 @@ def test_a_forked_rank_ends_with_the_status_python_would_end_with(tmp_path, serv
         rank, log = run(mode)
         assert rank.wait(timeout=60) == status and rank.returncode == status, log.read_text()
     assert "RuntimeError: the probe was asked to fail" in log.read_text()  # the traceback, as python prints it
+    missing = forkserver.start(None, "tests.real.no_such_probe", [], _env(), tmp_path / "missing.log")
+    assert missing.wait(timeout=60) == 1 and "No module named" in (tmp_path / "missing.log").read_text()
     rank, log = run("sleep")
     while not (tmp_path / "sleep.json").exists():
         time.sleep(0.05)
