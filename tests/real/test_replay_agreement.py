@@ -39,7 +39,11 @@ pytestmark = pytest.mark.distributed
 
 RUNS = {"ps_sync": PS_SYNC, "async": ASYNC, "ssp": SSP, "localsgd": LOCAL, "allreduce_fp16": FP16}
 DRIFT = 1e-6  # float32 against float64 over a few steps, on weights of ~0.05
-WIRE_STEP = {"fp32": 0.0, "bf16": 2.0**-8, "fp16": 2.0**-11}  # unit roundoff of each wire format
+# One step of each wire format relative to the value: its machine epsilon (torch.finfo(dtype).eps, the gap
+# from 1 to the next value: 2**-7 for bf16, 2**-10 for fp16), the largest relative gap between neighbours.
+# Not the unit roundoff (half that): a value that rounds to the other side lands a whole step away
+# (bf16 local SGD: a weight of 5.4e-4 one step, 3.8e-6, from its replay, where 2**-8 of it is 2.1e-6).
+WIRE_STEP = {"fp32": 0.0, "bf16": torch.finfo(torch.bfloat16).eps, "fp16": torch.finfo(torch.float16).eps}
 
 
 @pytest.mark.parametrize("name", RUNS)

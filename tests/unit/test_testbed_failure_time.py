@@ -18,7 +18,7 @@ def test_a_failed_run_is_judged_when_its_first_node_was_seen_failed(monkeypatch,
     (tmp_path / "run" / "testbed").mkdir(parents=True)
     (tmp_path / "run" / "testbed" / launcher.FAILED_AT_FILE).write_text(json.dumps(123.0))  # a stale record
 
-    def torchrun_on(bed, module, argv, log_dir, timeout, agent=True):
+    def torchrun_on(bed, module, argv, log_dir, timeout, agent=True, fork=True):
         assert not (log_dir / launcher.FAILED_AT_FILE).exists(), "a previous run's record must be removed"
         (log_dir / launcher.FAILED_AT_FILE).write_text(json.dumps(seen_failed))
         return [0, 1]
