@@ -2,7 +2,9 @@
 
 ``run(bed, cfg)`` carries out a real.worker run of a RunConfig on a built Testbed and merges its outputs
 as real.run does; ``torchrun_on`` starts any module that way. Each node is real.agent (torchrun with a
-lifeline): the agents die with this launcher and the ranks with their agents (real.lifeline).
+lifeline): the agents die with this launcher and the ranks with their agents (real.lifeline); or, with
+``agent=False``, each rank is forked into its host by real.testbed.forkserver. ``fork_local`` forks ranks
+in the machine's own network the same way (the compute probes' ranks).
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ def fork_local(processes: int, module: str, argv: list[str], log_dir: str | Path
     with socket.socket() as probe:  # a port free now; the store binds it a moment later (torchrun: the same)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+
     def start(i: int):
         own = dict(env, **rank_env(i, processes, "127.0.0.1", port))
         return forkserver.start(None, module, argv, own, log_dir / f"rank{i}.log")
