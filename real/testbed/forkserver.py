@@ -23,8 +23,9 @@ torch, so a child sets torch's thread count from the variable it was given.
 
 Protocol: the launcher writes one JSON request per line to the server's stdin (``id``, ``namespace``,
 ``module``, ``argv``, ``env``, ``log``, ``cwd``); the server answers on its stdout with
-``{"id", "pid"}`` once forked (or ``{"id", "error"}``) and ``{"id", "exit"}`` once the rank has been
-reaped (the exit status as Popen's returncode: negative for a signal).
+``{"id", "pid"}`` once forked and ``{"id", "exit"}`` once the rank has been reaped (the exit status as
+Popen's returncode: negative for a signal). A request the server cannot carry out ends it, with its
+traceback on the launcher's stderr.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import traceback
 from pathlib import Path
 
 from real.lifeline import PARENT_ENV, die_with_parent
+from real.testbed.namespaces import NETNS_ETC
 
 __all__ = ["start", "ForkedRank", "PRELOAD", "signal_group", "enter"]
 
@@ -52,7 +54,6 @@ __all__ = ["start", "ForkedRank", "PRELOAD", "signal_group", "enter"]
 PRELOAD = ("torch", "torch.distributed", "real.worker", "real.testbed.calibration",
            "pandas")  # rank 0 merges the ranks' files with pandas (real.trace.merge)
 NETNS_RUN = Path("/run/netns")  # where `ip netns add` keeps a handle on each namespace (ip-netns(8))
-NETNS_ETC = Path("/etc/netns")  # a namespace's own /etc files (the folder real.testbed.namespaces fills)
 START_TIMEOUT = 60.0  # seconds the server may take to import PRELOAD and fork the first rank
 # <sched.h>, <sys/mount.h>
 CLONE_NEWNS = 0x00020000
@@ -77,7 +78,6 @@ class ForkServer:
         self.next_id = 0
         self.pids: dict[int, int] = {}
         self.exits: dict[int, int] = {}
-        self.errors: dict[int, str] = {}
         self.gone = False
 
     def close(self) -> None:
@@ -121,19 +121,14 @@ class ForkServer:
             answer = json.loads(line)
             if "pid" in answer:
                 self.pids[answer["id"]] = answer["pid"]
-            elif "exit" in answer:
-                self.exits[answer["id"]] = answer["exit"]
             else:
-                self.errors[answer["id"]] = answer["error"]
+                self.exits[answer["id"]] = answer["exit"]
 
     def fork(self, **fields) -> tuple[int, int]:
         """Fork one rank; (request id, pid)."""
         ident = self.request(**fields)
         deadline = time.monotonic() + START_TIMEOUT
         while ident not in self.pids:
-            if ident in self.errors:
-                raise OSError(f"the fork server could not start {fields['module']} in {fields['namespace']}: "
-                              f"{self.errors[ident]}")
             if self.gone or time.monotonic() > deadline:
                 raise RuntimeError(f"the fork server ended or did not answer within {START_TIMEOUT:g} s "
                                    f"(exit code {self.proc.poll()}); its errors are on this process's stderr")
