@@ -393,14 +393,16 @@ def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float
 
 
 def measure_compute(model: str, batch_size: int, processes: int, folder: Path, scheme: str = "allreduce",
-                    slow: float = 1.0) -> dict:
+                    slow: float = 1.0, repeat: str = "") -> dict:
     """``processes`` ranks timing the executor's step of ``scheme`` without its communication at once;
     compute_time, jitter, backward_fraction, forward_time, layers, meets (how often the ranks met where
     the scheme's collectives are), and idle_cost (how much longer steps
     take after each of IDLE_GAPS idle, syncsim's Workload.idle_cost). With ``slow`` > 1 the last rank is
     slowed as ``--slow`` slows a run's last worker, and ``slowed_time`` is its step (the others make the
     rest), ``slow_forward`` the forward it timed warm and sized its sleep from, ``slow_wait`` that sleep: a
-    run given ``--slow RANK:F:slow_forward`` sleeps as long."""
+    run given ``--slow RANK:F:slow_forward`` sleeps as long. A ``repeat`` label (letters, digits, dashes)
+    makes the probe one of its own, cached under that label: a repeated measurement takes its own probe
+    rather than the one the same work was timed with before."""
     from real.config import MAX_SLOW
     from syncsim.schemes import parse
 
@@ -411,7 +413,11 @@ def measure_compute(model: str, batch_size: int, processes: int, folder: Path, s
     if not 1.0 <= slow <= MAX_SLOW or (slow > 1 and processes < 2):
         raise ValueError(f"measure_compute: slow must be 1 or, with 2 processes or more, up to {MAX_SLOW:g}; "
                          f"got {slow!r} with {processes} processes")
+    if repeat and not all(ch.isalnum() or ch == "-" for ch in repeat):
+        raise ValueError(f"measure_compute: repeat must be letters, digits and dashes (a file name's part); "
+                         f"got {repeat!r}")
     name = f"compute-{model}-b{batch_size}-p{processes}-{worker_work(scheme)}" + (f"-slow{slow:g}" if slow > 1 else "")
+    name += f"-{repeat}" if repeat else ""
 
     def measure() -> dict:
         from real.testbed.launcher import fork_local

@@ -41,12 +41,23 @@ def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
     assert {"ps:mode=async", "ps:staleness=2", "localsgd:period=4", "allreduce:precision=fp16"} <= schemes
     stragglers = [c for c in configs if c.slow > 1]
     assert {c.scheme for c in stragglers} == schemes and all(c.world >= 2 for c in stragglers)
-    # a one-worker run without a server sends nothing: one run, not one per link rate
-    silent = [c for c in configs if c.world == 1 and c.servers == 0]
-    assert len(silent) == len({(c.scheme, c.model) for c in silent})
+    # a one-worker run without a server sends nothing: one run, not one per link rate...
+    silent = [c for c in configs if c.world == 1 and c.servers == 0 and not c.baseline]
+    assert silent and len(silent) == len({(c.scheme, c.model) for c in silent})
     assert all(c.servers == 1 for c in configs if c.scheme.startswith("ps"))
-    for model in validation.MODELS:  # every model has its speedup baseline
-        assert any(c.scheme == "allreduce" and c.world == 1 and c.model == model for c in configs)
+    # ...except the speedup baseline, repeated at every rate and spread over its model's rows: the first
+    # repeat before them, one in the middle, the last after them
+    for model in validation.MODELS:
+        rows = [i for i, c in enumerate(configs) if c.model == model]
+        repeats = [i for i in rows if configs[i].baseline]
+        assert [configs[i].bandwidth for i in repeats] == list(validation.BANDWIDTHS)
+        assert repeats[0] == rows[0] and repeats[-1] == rows[-1]
+        assert abs(repeats[1] - (rows[0] + rows[-1]) / 2) <= 1
+
+
+def test_the_baseline_runs_once_when_the_grid_has_one_rate():
+    configs = validation.grid(bandwidths=("200Mbit/s",), models=("mlp",))
+    assert [c.bandwidth for c in configs if c.baseline] == ["200Mbit/s"] and configs[0].baseline
 
 
 def test_a_scheme_with_several_options_stays_one_scheme_in_the_list():
@@ -402,6 +413,64 @@ def test_derive_takes_speedups_over_each_models_one_worker_run():
     assert np.isnan(out["staleness_mean_error"].iloc[0]) and out["staleness_mean_error"].iloc[1] == 0.5
 
 
+def test_speedups_divide_by_the_median_of_the_baselines_repeats_on_each_side():
+    # three repeats of the one-worker all-reduce, one of them caught by a slow spell on the measured side
+    # and another mispredicted: each side divides by its own median, 100 predicted and 80 measured
+    def row(scheme, world, bandwidth, predicted, measured):
+        return {"scheme": scheme, "world": world, "slow": 1.0, "model": "mlp", "bandwidth": bandwidth,
+                "error": np.nan, "predicted_step_time": 1.0, "measured_step_time": 1.0,
+                "predicted_throughput": predicted, "measured_throughput": measured,
+                "predicted_staleness_mean": 0.0, "measured_staleness_mean": 0.0}
+
+    rows = pd.DataFrame([row("allreduce", 1, "50Mbit/s", 140.0, 40.0), row("allreduce", 1, "200Mbit/s", 100.0, 80.0),
+                         row("allreduce", 1, "1Gbit/s", 98.0, 81.0), row("ps", 2, "1Gbit/s", 150.0, 160.0)])
+    out = validation.derive(rows)
+    assert out["predicted_speedup"].iloc[3] == pytest.approx(1.5) and out["measured_speedup"].iloc[3] == 2.0
+    assert out["speedup_error"].iloc[3] == pytest.approx(-0.25)
+    assert out["speedup_error"].iloc[:3].isna().all()  # the repeats measure the denominator: no error of theirs
+    # a failed repeat is left out of the median: the other two's is their mean
+    rows["error"] = rows["error"].astype(object)
+    rows.loc[1, "error"] = "run timed out"
+    assert validation.derive(rows)["measured_speedup"].iloc[3] == pytest.approx(160.0 / 60.5)
+
+
+def test_each_repeat_of_the_baseline_gets_a_compute_probe_of_its_own(monkeypatch, tmp_path):
+    from real.testbed import calibration
+
+    probe = calibration.measure_compute  # the real one, before the study's calls are faked
+    labels = []
+
+    def measure_compute(model, batch_size, processes, folder, scheme, slow, repeat):
+        labels.append(repeat)
+        return FAKE_COMPUTE
+
+    fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
+    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, now, **k: {
+        "burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit}, "now": []})
+    monkeypatch.setattr("real.testbed.calibration.measure_compute", measure_compute)
+    args = validation.parse_args(["--out", str(tmp_path / "v")])
+    for config in (validation.Config("allreduce", 1, "50Mbit/s", "mlp"),
+                   validation.Config("allreduce", 1, "1Gbit/s", "mlp"),
+                   validation.Config("localsgd:period=4", 1, "50Mbit/s", "mlp")):
+        validation.calibrate(config, args)
+    assert labels == ["50Mbit-s", "1Gbit-s", ""]  # the baseline's repeats by their rate; other rows share
+
+    # the probe caches each label under a name of its own: a repeat is measured, not read back
+    started = []
+
+    def fork_local(processes, module, argv, log_dir, timeout):
+        started.append(Path(argv[1]).name)
+        Path(argv[1]).write_text(json.dumps(FAKE_COMPUTE))
+        return [0] * processes
+
+    monkeypatch.setattr("real.testbed.launcher.fork_local", fork_local)
+    for label in ("50Mbit-s", "1Gbit-s", "50Mbit-s", ""):
+        probe("mlp", 32, 1, tmp_path, repeat=label)
+    assert len(started) == 3 and len(set(started)) == 3  # the second 50Mbit-s probe was the cached one
+    with pytest.raises(ValueError, match="repeat must be letters, digits and dashes"):
+        probe("mlp", 32, 1, tmp_path, repeat="../x")
+
+
 def test_long_runs_run_fewer_steps_and_short_ones_more_in_whole_local_sgd_periods():
     assert validation.run_steps(40, 10.0) == 40
     assert validation.run_steps(40, 45.0) == 24  # 40 x 30/45 = 26.7, down to a multiple of 4
@@ -498,7 +567,7 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
     # probe whose last rank is slowed as the run's last worker is (not derived from the forward time).
     asked = []
 
-    def measure_compute(model, batch_size, processes, folder, scheme, slow):
+    def measure_compute(model, batch_size, processes, folder, scheme, slow, repeat):
         asked.append((processes, slow))
         return FAKE_COMPUTE | ({"slowed_time": 7e-3, "slow_forward": 1.1e-3} if slow > 1 else {})
 
