@@ -69,6 +69,12 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "slow_forward", "link_at_size", "wall_time", "error")
 
 
+def is_baseline(scheme, world, slow):
+    """Whether a configuration is the speedup baseline, one worker all-reducing at full speed; of a
+    Config's fields or, elementwise, of a table's columns."""
+    return (scheme == "allreduce") & (world == 1) & (slow == 1)
+
+
 @dataclass(frozen=True)
 class Config:
     """One configuration of the study; ``slow`` > 1 slows the last worker by that factor."""
@@ -117,7 +123,7 @@ class Config:
     @property
     def baseline(self) -> bool:
         """One worker all-reducing at full speed: what every speedup of its model is measured against."""
-        return self.scheme == "allreduce" and self.world == 1 and self.slow == 1
+        return bool(is_baseline(self.scheme, self.world, self.slow))
 
     @property
     def key(self) -> tuple:
@@ -420,7 +426,7 @@ def derive(frame: pd.DataFrame) -> pd.DataFrame:
     over the median of its repeats' throughputs (grid), each side's own."""
     frame = frame.copy()
     frame["rel_error"] = frame["predicted_step_time"] / frame["measured_step_time"] - 1
-    baseline = (frame["scheme"] == "allreduce") & (frame["world"] == 1) & (frame["slow"] == 1)
+    baseline = is_baseline(frame["scheme"], frame["world"], frame["slow"])
     base = frame[baseline & ~failed(frame)].groupby("model")[["predicted_throughput", "measured_throughput"]].median()
     for side in ("predicted", "measured"):
         frame[f"{side}_speedup"] = frame[f"{side}_throughput"] / frame["model"].map(base[f"{side}_throughput"])

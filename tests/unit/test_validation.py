@@ -39,6 +39,7 @@ def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
     assert len(configs) >= 24 and len({c.key for c in configs}) == len(configs)
     schemes = {c.scheme for c in configs}
     assert {"ps:mode=async", "ps:staleness=2", "localsgd:period=4", "allreduce:precision=fp16"} <= schemes
+    assert {(c.scheme, c.world) for c in configs} == {(s, w) for s in validation.SCHEMES for w in validation.WORLDS}
     stragglers = [c for c in configs if c.slow > 1]
     assert {c.scheme for c in stragglers} == schemes and all(c.world >= 2 for c in stragglers)
     # a one-worker run without a server sends nothing: one run, not one per link rate...
@@ -413,6 +414,14 @@ def test_derive_takes_speedups_over_each_models_one_worker_run():
     assert np.isnan(out["staleness_mean_error"].iloc[0]) and out["staleness_mean_error"].iloc[1] == 0.5
 
 
+def _fake_links(monkeypatch) -> None:
+    """measure_link faked: every link 5 MB/s with 0.1 ms latency, each run's own size timed at 5 ms."""
+    fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
+    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, now, **k: {
+        "burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit},
+        "now": [[size, precision, [5e-3]] for size, precision in now]})
+
+
 def test_speedups_divide_by_the_median_of_the_baselines_repeats_on_each_side():
     # three repeats of the one-worker all-reduce, one of them caught by a slow spell on the measured side
     # and another mispredicted: each side divides by its own median, 100 predicted and 80 measured
@@ -423,10 +432,12 @@ def test_speedups_divide_by_the_median_of_the_baselines_repeats_on_each_side():
                 "predicted_staleness_mean": 0.0, "measured_staleness_mean": 0.0}
 
     rows = pd.DataFrame([row("allreduce", 1, "50Mbit/s", 140.0, 40.0), row("allreduce", 1, "200Mbit/s", 100.0, 80.0),
-                         row("allreduce", 1, "1Gbit/s", 98.0, 81.0), row("ps", 2, "1Gbit/s", 150.0, 160.0)])
+                         row("allreduce", 1, "1Gbit/s", 98.0, 81.0), row("ps", 2, "1Gbit/s", 150.0, 160.0),
+                         row("allreduce", 2, "1Gbit/s", 180.0, 160.0)])
     out = validation.derive(rows)
     assert out["predicted_speedup"].iloc[3] == pytest.approx(1.5) and out["measured_speedup"].iloc[3] == 2.0
     assert out["speedup_error"].iloc[3] == pytest.approx(-0.25)
+    assert out["speedup_error"].iloc[4] == pytest.approx(-0.1)  # two workers all-reducing: no baseline
     assert out["speedup_error"].iloc[:3].isna().all()  # the repeats measure the denominator: no error of theirs
     # a failed repeat is left out of the median: the other two's is their mean
     rows["error"] = rows["error"].astype(object)
@@ -444,9 +455,7 @@ def test_each_repeat_of_the_baseline_gets_a_compute_probe_of_its_own(monkeypatch
         labels.append(repeat)
         return FAKE_COMPUTE
 
-    fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
-    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, now, **k: {
-        "burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit}, "now": []})
+    _fake_links(monkeypatch)
     monkeypatch.setattr("real.testbed.calibration.measure_compute", measure_compute)
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     for config in (validation.Config("allreduce", 1, "50Mbit/s", "mlp"),
@@ -571,10 +580,7 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
         asked.append((processes, slow))
         return FAKE_COMPUTE | ({"slowed_time": 7e-3, "slow_forward": 1.1e-3} if slow > 1 else {})
 
-    fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
-    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, now, **k: {
-        "burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit},
-        "now": [[size, precision, [5e-3]] for size, precision in now]})
+    _fake_links(monkeypatch)
     monkeypatch.setattr("real.testbed.calibration.measure_compute", measure_compute)
     monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
     args = validation.parse_args(["--out", str(tmp_path / "v")])
