@@ -1,8 +1,11 @@
-"""Per-(step, worker) compute times: speed factors, jitter and stragglers, drawn reproducibly.
+"""Per-(step, worker) compute times: speed factors, jitter and stragglers, drawn reproducibly; or
+replayed from a table of measured times.
 
 Times are drawn in blocks of steps from generators seeded by (seed, block), so
 the time of (step, worker) depends only on the seed, never on the order in
-which a simulation happens to ask for it.
+which a simulation happens to ask for it. ``ReplayedTimes`` instead hands out
+given times as they are (a measured run's own compute phases), which separates
+what a prediction owes to its compute model from what it owes to the network.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 from syncsim.cluster import Cluster
 from syncsim.workload import Workload
 
-__all__ = ["ComputeTimes"]
+__all__ = ["ComputeTimes", "ReplayedTimes"]
 
 BLOCK_STEPS = 64
 
@@ -60,3 +63,27 @@ class ComputeTimes:
                 # Evict the oldest; asking for it again regenerates the same values.
                 self._rows.pop(min(self._rows))
         return rows[step % BLOCK_STEPS][worker]
+
+
+class ReplayedTimes:
+    """Compute times given per (step, worker), seconds: row ``step``, column ``worker`` of ``times``,
+    used as they are (no speed factor, jitter or straggler is applied on top: they are what ran)."""
+
+    def __init__(self, times, steps: int, workers: int) -> None:
+        try:
+            table = np.array(times, dtype=float)
+        except (TypeError, ValueError):
+            raise ValueError(f"compute_times must be a table of seconds, one row per step and one column per "
+                             f"worker; got {type(times).__name__}") from None
+        if table.ndim != 2 or table.shape[0] < steps or table.shape[1] != workers:
+            raise ValueError(f"compute_times must have at least {steps} rows (steps) and exactly {workers} "
+                             f"columns (workers), got shape {table.shape}")
+        bad = ~np.isfinite(table[:steps]) | (table[:steps] < 0)
+        if bad.any():
+            step, worker = (int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"compute_times[{step}][{worker}] must be a finite number of seconds >= 0, "
+                             f"got {table[step, worker]!r}")
+        self._rows = table[:steps].tolist()  # lists index faster than numpy scalars (ComputeTimes.__call__)
+
+    def __call__(self, step: int, worker: int) -> float:
+        return self._rows[step][worker]

@@ -25,7 +25,7 @@ import simpy
 
 from syncsim.cluster import Cluster
 from syncsim.communicator import Communicator
-from syncsim.compute import ComputeTimes
+from syncsim.compute import ComputeTimes, ReplayedTimes
 from syncsim.config import check_int
 from syncsim.limits import SIM_BYTES_PER_WORKER_STEP, check_memory
 from syncsim.recorder import KIND_CODE, Recorder
@@ -76,15 +76,19 @@ class _ModelState:
 
 
 class _Run:
-    def __init__(self, cluster: Cluster, workload: Workload, scheme: Scheme, steps: int, seed: int) -> None:
+    def __init__(self, cluster: Cluster, workload: Workload, scheme: Scheme, steps: int, seed: int,
+                 compute_times=None) -> None:
         self.env = env = simpy.Environment()
         self.steps = steps
         self.workers = cluster.gpus
         self.recorder = Recorder()
         self.state = _ModelState(self.workers, self.recorder)
         self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
-        self.times = ComputeTimes(cluster, workload, seed)
-        self.idle_extra = workload.idle_extra if workload.idle_cost else None
+        if compute_times is None:
+            self.times = ComputeTimes(cluster, workload, seed)
+            self.idle_extra = workload.idle_extra if workload.idle_cost else None
+        else:  # measured phases already hold whatever their idling cost them: no idle cost on top
+            self.times, self.idle_extra = ReplayedTimes(compute_times, steps, cluster.gpus), None
         self.comm = Communicator(env, cluster, self.recorder, self.state)
         uses_servers = self.policy.needs_servers(steps)
         self.servers = ServerGroup(env, cluster, self.recorder, self.state, seed) if uses_servers else None
@@ -209,8 +213,14 @@ class _Run:
 
 
 def simulate(cluster: Cluster, workload: Workload, scheme: Scheme | str, steps: int = 100,
-             seed: int = 0) -> SimResult:
-    """Simulate ``steps`` steps per worker of ``scheme`` training ``workload`` on ``cluster``."""
+             seed: int = 0, compute_times=None) -> SimResult:
+    """Simulate ``steps`` steps per worker of ``scheme`` training ``workload`` on ``cluster``.
+
+    ``compute_times`` (optional), a table of seconds with a row per step and a column per worker,
+    replaces the drawn compute times: each step computes exactly that long (the cluster's speed,
+    jitter and stragglers and the workload's compute_time and idle_cost are not applied). Given a
+    measured run's own compute phases it replays the run's compute, so what differs from the run is
+    the rest of the model: communication, sharing, scheduling."""
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster must be a syncsim.Cluster, got {type(cluster).__name__}")
     if not isinstance(workload, Workload):
@@ -221,7 +231,7 @@ def simulate(cluster: Cluster, workload: Workload, scheme: Scheme | str, steps: 
     check_memory("simulate", cluster.gpus * steps, "worker-steps", SIM_BYTES_PER_WORKER_STEP,
                  "lower steps or the number of GPUs")
     wall = time.perf_counter()
-    run = _Run(cluster, workload, scheme, steps, seed)
+    run = _Run(cluster, workload, scheme, steps, seed, compute_times)
     for w in range(run.workers):
         run.env.process(run.worker(w))
     # The cyclic garbage collector walks every live object on each full pass;

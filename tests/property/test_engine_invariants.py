@@ -146,3 +146,37 @@ def test_one_parameter_server_worker_s_step_grows_by_the_idle_cost_of_its_wait()
     assert 8e-3 < waited < 30e-3  # between two points: the interpolation is what is checked
     expected = t0 + 0.6e-3 + (1.0e-3 - 0.6e-3) * (waited - 8e-3) / (30e-3 - 8e-3)
     assert simulate(cluster, idle, "ps", steps=20).steady.step_time == pytest.approx(expected, rel=1e-9)
+
+
+@given(configs())
+def test_replaying_the_drawn_compute_times_reproduces_the_run(config):
+    """simulate(compute_times=T) computes each step exactly T[step][worker]: handed the very times the
+    model drew for that seed (speed, jitter and stragglers applied), it makes the same run, event for
+    event. The identity rests on compute being the engine's only random draw besides the servers'
+    sharing, which the seed fixes in both runs."""
+    from syncsim.compute import ComputeTimes
+
+    cluster, workload, scheme, steps, seed = config
+    cluster = replace(cluster, speed=tuple(1.0 / (1 + 0.5 * (w % 2)) for w in range(cluster.gpus)))
+    drawn = ComputeTimes(cluster, workload, seed)
+    table = [[drawn(step, w) for w in range(cluster.gpus)] for step in range(steps)]
+    ran = simulate(cluster, workload, scheme, steps=steps, seed=seed)
+    replayed = simulate(cluster, workload, scheme, steps=steps, seed=seed, compute_times=table)
+    pd.testing.assert_frame_equal(replayed.trace, ran.trace)
+    pd.testing.assert_frame_equal(replayed.updates, ran.updates)
+    # and the replayed times are used as they are: the speed factors are not applied a second time
+    plain = replace(cluster, speed=None, jitter=0.0, straggler_prob=0.0)
+    again = simulate(plain, workload, scheme, steps=steps, seed=seed, compute_times=table)
+    pd.testing.assert_frame_equal(again.trace, ran.trace)
+
+
+def test_a_replayed_step_computes_as_long_as_its_row_says():
+    """Every compute lasts exactly its replayed time: no jitter, and no idle cost although the worker
+    idles while its parameter server answers (a measured phase already holds what idling cost it)."""
+    cluster = Cluster(nodes=1, gpus_per_node=1, jitter=0.3, servers=1, inter=Link(bandwidth=1e8, latency=1e-4))
+    workload = Workload(param_bytes=1e6, compute_time=0.01, batch_size=8, idle_cost=((0.001, 0.5),))
+    table = [[0.002], [0.0], [0.007], [0.004]]
+    res = simulate(cluster, workload, "ps", steps=4, compute_times=table)
+    assert (res.trace["kind"] == "pull").sum() >= 3  # the worker did wait for its server between computes
+    computes = res.trace[res.trace["kind"] == "compute"].sort_values("step")
+    np.testing.assert_allclose((computes["end"] - computes["start"]).to_numpy(), [0.002, 0.0, 0.007, 0.004])

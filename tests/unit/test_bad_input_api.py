@@ -10,6 +10,7 @@ over as they are, must be accepted wherever Python numbers are, with the same re
 
 from __future__ import annotations
 
+import re
 import tempfile
 
 import numpy as np
@@ -223,4 +224,18 @@ def test_numpy_speeds_sizes_and_flags_are_accepted():
 def test_impossible_sizes_are_refused_at_once_naming_the_limit(make, limit):
     with pytest.raises(ValueError, match=limit) as refused, bounded(5.0):
         make()
+    assert_one_line(str(refused.value))
+
+
+@pytest.mark.parametrize("table,says", [
+    ("fast", "must be a table of seconds"),
+    ([[0.1]], "at least 4 rows (steps) and exactly 2 columns (workers), got shape (1, 1)"),
+    ([[0.1, 0.1]] * 3, "got shape (3, 2)"),
+    ([[0.1, 0.1, 0.1]] * 4, "got shape (4, 3)"),
+    ([[0.1, 0.1], [0.1, -1e-3], [0.1, 0.1], [0.1, 0.1]], "compute_times[1][1] must be a finite number"),
+    ([[0.1, 0.1]] * 3 + [[float("nan"), 0.1]], "compute_times[3][0] must be a finite number"),
+])
+def test_a_bad_compute_times_table_is_refused_naming_what_is_wrong(table, says):
+    with pytest.raises(ValueError, match=re.escape(says)) as refused:
+        simulate(Cluster(nodes=2, inter=LINK), TINY, "allreduce", steps=4, compute_times=table)
     assert_one_line(str(refused.value))
