@@ -14,7 +14,10 @@ For each configuration (scheme, workers, link rate, model, one slowed worker or 
    sizing its sleep from the forward its compute probe timed, so both sleep alike);
 4. compare, by one definition of every figure (syncsim.metrics) on both sides, and record how much the
    measured run's own step time wandered (measured_spread, syncsim.metrics.step_time_spread): the
-   floor under the row's error on a machine whose speed drifts.
+   floor under the row's error on a machine whose speed drifts;
+5. replay (a diagnostic, not a prediction): ``simulate`` once more with the run's own compute phases
+   (``replayed_compute``) in place of the calibrated compute model, so that ``replayed_error`` is
+   what the rest of the model (links, sharing, scheduling) misses once compute is exactly as it ran.
 
 Writes ``OUT/validation.csv`` (one row per configuration; a failed one is a row with its reason),
 ``OUT/parity.png`` (drawn from the CSV alone), each run's real and simulated traces under
@@ -66,7 +69,7 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "predicted_staleness_mean", "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max",
            "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
            "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
-           "slow_forward", "link_at_size", "wall_time", "error")
+           "slow_forward", "link_at_size", "replayed_step_time", "replayed_error", "wall_time", "error")
 
 
 def is_baseline(scheme, world, slow):
@@ -357,6 +360,46 @@ def run_spread(trace: pd.DataFrame, steps: int, world: int) -> float:
     return step_time_spread(trace, SPREAD_WINDOWS, steps=steps, workers=world)
 
 
+def replayed_compute(trace: pd.DataFrame, steps: int, world: int) -> np.ndarray | None:
+    """A measured run's compute as ``simulate(compute_times=)`` replays it: per (step, worker), seconds,
+    the worker's time outside its communication — its compute phase, the gap since its previous phase
+    ended (taking the pulled or averaged parameters in, the optimizer, the executor's bookkeeping: work
+    the compute probe times as part of the step) — plus how much longer than that worker's median its
+    push took to hand its bytes over (real.worker's push returns once the bytes are queued; a longer
+    one is the process held up before they left, which the simulator's push does not know of). None
+    when the trace lacks a compute phase."""
+    phases = trace.sort_values(["worker", "start", "end"], kind="stable")
+    ended = phases.groupby("worker")["end"].transform(lambda end: end.cummax().shift())
+    gap = (phases["start"] - ended).clip(lower=0).fillna(0.0)
+    computes = phases.assign(busy=phases["end"] - phases["start"] + gap)[phases["kind"] == "compute"]
+    table = computes.pivot_table(index="step", columns="worker", values="busy", aggfunc="sum")
+    table = table.reindex(index=range(steps), columns=range(world))
+    if table.isna().to_numpy().any():
+        return None
+    pushes = trace[trace["kind"] == "push"]
+    if len(pushes):
+        held = (pushes["end"] - pushes["start"]).groupby([pushes["step"], pushes["worker"]]).sum().unstack()
+        held = held.reindex(index=range(steps), columns=range(world))
+        table = table + (held - held.median()).clip(lower=0).fillna(0.0)
+    return table.to_numpy()
+
+
+def replay(cluster, workload, scheme, trace: pd.DataFrame, steps: int, world: int) -> float:
+    """The step time the simulator gives ``cluster`` and ``workload`` running ``scheme`` with the measured
+    run's own compute (replayed_compute), PREDICTION_SEEDS seeds pooled as a prediction is; NaN when the
+    trace lacks a compute phase, and for a run that communicates nothing (one worker, no server): its
+    "collective" is local work the trace times apart, and there is no rest of the model to isolate."""
+    from syncsim import simulate
+    from syncsim.metrics import pooled_steady_state
+
+    table = replayed_compute(trace, steps, world) if world > 1 or cluster.servers else None
+    if table is None:
+        return math.nan
+    runs = [simulate(cluster, workload, scheme, steps=steps, seed=seed, compute_times=table)
+            for seed in range(PREDICTION_SEEDS)]
+    return pooled_steady_state([run.steady for run in runs]).step_time
+
+
 def predict(first) -> tuple:
     """The prediction of a configuration whose simulation ``first`` (a SimResult, seed 0) is: the steady
     state of PREDICTION_SEEDS simulations of it pooled (syncsim.metrics.pooled_steady_state), and the
@@ -400,6 +443,8 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
                    measured_staleness_mean=measured.staleness_mean,
                    predicted_staleness_max=predicted.staleness_max, measured_staleness_max=measured.staleness_max,
                    staleness_distance=staleness_distance(predicted.staleness, measured.staleness), error="")
+        row["replayed_step_time"] = replay(cluster, workload, scheme, pd.read_csv(folder / "trace.csv"), steps,
+                                           config.world)
     except Exception as err:  # the study goes on; the row says why this configuration has no figures
         row["error"] = f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
     row["wall_time"] = time.perf_counter() - started
@@ -432,6 +477,8 @@ def derive(frame: pd.DataFrame) -> pd.DataFrame:
         frame[f"{side}_speedup"] = frame[f"{side}_throughput"] / frame["model"].map(base[f"{side}_throughput"])
     # the baseline's repeats measure the denominator, not the model's speedup: no error to report
     frame["speedup_error"] = (frame["predicted_speedup"] / frame["measured_speedup"] - 1).where(~baseline)
+    if "replayed_step_time" in frame:  # a table written before the study replayed its runs has none
+        frame["replayed_error"] = frame["replayed_step_time"] / frame["measured_step_time"] - 1
     stale = frame["measured_staleness_mean"] > 0
     frame["staleness_mean_error"] = np.where(
         stale, frame["predicted_staleness_mean"] / frame["measured_staleness_mean"].where(stale) - 1, np.nan)
@@ -489,6 +536,12 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         lines.append(f"the testbed's shapers dropped no packet in any of {len(dropped)} runs" if lossy.empty else
                      f"the testbed's shapers dropped packets in {len(lossy)} of {len(dropped)} runs "
                      f"(at most {int(lossy.max())} in one): steps there include TCP's recoveries")
+    replayed = _recorded(ok, "replayed_error")
+    if len(replayed):
+        med, top, n = _stats(replayed)
+        lines.append(f"replayed (each run's own compute phases in the simulator, a diagnostic, not a prediction): "
+                     f"median |error| {med:.1%}, max {top:.1%} over {n} configurations: what the model "
+                     "misses besides compute")
     seeds = _recorded(ok, "predicted_seed_cv")
     if len(seeds):
         lines.append(f"predicted step time varied from seed to seed by a median {seeds.median():.1%}, max "

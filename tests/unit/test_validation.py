@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -357,6 +358,7 @@ def _fake_study(monkeypatch, fail: set):
             raise RuntimeError("rank 1 (worker) failed at step 3: injected")
         cluster, workload, _ = calibrate(config, args)
         result = simulate(cluster, workload, config.scheme, steps=steps, seed=1)
+        result.trace.to_csv(folder / "trace.csv", index=False)  # where a real run leaves its trace
         return result.steady, step_time_spread(result.trace, validation.SPREAD_WINDOWS, steps, config.world), 0
 
     monkeypatch.setattr(validation, "calibrate", calibrate)
@@ -386,6 +388,11 @@ def test_rows_failures_summary_figure_and_resume(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "parity.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert "wandered within its own run by a median" in out
+    # each run that communicates is replayed with its own compute; the one-worker row has no replay
+    communicates = (ok["world"] > 1) | (ok["servers"] > 0)
+    replayed = ok["replayed_step_time"]
+    assert replayed[communicates].gt(0).all() and replayed[~communicates].isna().all()
+    assert "replayed (each run's own compute phases in the simulator" in out
     # the jittered model varies from seed to seed: every row says by how much, the summary too
     assert (ok["predicted_seed_cv"] > 0).all() and "varied from seed to seed by a median" in out
     assert "median |error|" in out and f"over {len(configs) - 1} configurations" in out
@@ -761,6 +768,7 @@ def test_a_resumed_study_fills_in_the_drift_of_rows_measured_before_it_was_recor
     csv = tmp_path / "validation.csv"
     # an older study's table: no measured_spread column; one run's trace kept, the others' gone
     pd.read_csv(csv).drop(columns="measured_spread").to_csv(csv, index=False)
+    shutil.rmtree(tmp_path / "runs")
     kept = configs[1]
     cluster = Cluster.homogeneous(kept.world, Link("20MB/s", "100us"), servers=kept.servers, jitter=0.1)
     workload = Workload(param_bytes="400kB", compute_time="2ms", batch_size=validation.QUICK_BATCH)
@@ -831,3 +839,37 @@ def test_the_link_sweep_times_the_precisions_asked_for_and_sweeps_again_only_for
     configs = [validation.Config("allreduce:precision=fp16", 2, "1Gbit/s", "mlp"),
                validation.Config("ps", 2, "1Gbit/s", "mlp")]
     assert validation.sent_precisions(configs) == ("fp16", "fp32")
+
+
+def test_a_run_s_compute_is_replayed_with_its_gaps_and_its_held_pushes():
+    """replayed_compute: each compute phase, plus the gap since the worker's previous phase ended, plus
+    how much longer than its worker's median push the step's push took (hand-made trace)."""
+    rows = []
+    for worker, pushes in ((0, (0.001, 0.001, 0.006)), (1, (0.002, 0.002, 0.002))):
+        t = 0.0
+        for step, push in enumerate(pushes):
+            gap = 0.0005 * step  # a pause before computing (taking the pulled parameters in)
+            compute = 0.003 + 0.001 * worker
+            rows += [(worker, step, "compute", t + gap, t + gap + compute)]
+            t += gap + compute
+            rows += [(worker, step, "push", t, t + push), (worker, step, "pull", t + push, t + push + 0.01)]
+            t += push + 0.01
+    trace = pd.DataFrame(rows, columns=["worker", "step", "kind", "start", "end"]).sample(frac=1, random_state=1)
+    table = validation.replayed_compute(trace, 3, 2)
+    expected = [[0.003, 0.004], [0.0035, 0.0045], [0.004 + 0.005, 0.005]]  # worker 0's last push held 5 ms
+    np.testing.assert_allclose(table, expected, rtol=0, atol=1e-12)
+    assert validation.replayed_compute(trace[trace["step"] < 2], 3, 2) is None  # a missing step: no table
+
+
+def test_the_model_measured_against_itself_replays_to_no_error():
+    """The simulator's own trace as the 'measured' run: its compute replayed (the draws of jitter and a
+    straggler, nothing else) gives back its step time exactly; a run that communicates nothing has no
+    replay."""
+    cluster = Cluster(nodes=2, inter=Link(bandwidth=2e7, latency=1e-4), jitter=0.3, speed=(1.0, 0.5))
+    workload = Workload(param_bytes=4e5, compute_time=0.003, batch_size=32)
+    run = simulate(cluster, workload, "allreduce", steps=30, seed=5)
+    replayed = validation.replay(cluster, workload, parse("allreduce"), run.trace, 30, 2)
+    assert replayed == pytest.approx(run.steady.step_time, rel=1e-12)
+    alone = Cluster(nodes=1, jitter=0.3)
+    one = simulate(alone, workload, "allreduce", steps=10)
+    assert math.isnan(validation.replay(alone, workload, parse("allreduce"), one.trace, 10, 1))
