@@ -92,6 +92,9 @@ def validation(results: Path) -> dict:
     stale = ok["staleness_mean_error"].abs().dropna() if "staleness_mean_error" in ok else pd.Series(dtype=float)
     worst = ok.assign(abs_error=err).nlargest(3, "abs_error")
     spread = ok["measured_spread"] if "measured_spread" in ok else pd.Series(math.nan, index=ok.index)
+    # each run replayed with its own compute (a study run before the column existed has none: n/a)
+    replayed = (ok["replayed_step_time"] / ok["measured_step_time"] - 1).abs().dropna() \
+        if "replayed_step_time" in ok else pd.Series(dtype=float)
     # link rates in increasing order, as the study's bandwidth strings sort by their parsed value
     rates = list(ok.groupby("bandwidth")["link_bandwidth"].median().sort_values().index)
     return {
@@ -106,6 +109,8 @@ def validation(results: Path) -> dict:
         # each run's drift within itself (a study run before the column existed has none: n/a)
         "spread_median": pct(spread.median()), "spread_max": pct(spread.max()),
         "within_drift": str(int((err <= 2 * spread).sum())) if spread.notna().any() else "n/a",
+        "replayed_rows": str(len(replayed)), "replayed_median": pct(replayed.median()) if len(replayed) else "n/a",
+        "replayed_max": pct(replayed.max()) if len(replayed) else "n/a",
         "by_scheme": [[scheme] + [pct(group.loc[group["bandwidth"] == rate, "rel_error"].abs().median())
                                   for rate in rates]
                       for scheme, group in ok.groupby("scheme", sort=True)],
