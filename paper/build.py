@@ -93,8 +93,7 @@ def validation(results: Path) -> dict:
     worst = ok.assign(abs_error=err).nlargest(3, "abs_error")
     spread = ok["measured_spread"] if "measured_spread" in ok else pd.Series(math.nan, index=ok.index)
     # each run replayed with its own compute (a study run before the column existed has none: n/a)
-    replayed = (ok["replayed_step_time"] / ok["measured_step_time"] - 1).abs().dropna() \
-        if "replayed_step_time" in ok else pd.Series(dtype=float)
+    replayed = ok["replayed_error"].abs().dropna() if "replayed_error" in ok else pd.Series(dtype=float)
     # link rates in increasing order, as the study's bandwidth strings sort by their parsed value
     rates = list(ok.groupby("bandwidth")["link_bandwidth"].median().sort_values().index)
     return {
