@@ -503,6 +503,24 @@ def _recorded(frame: pd.DataFrame, column: str) -> pd.Series:
     return frame[column].dropna() if column in frame else pd.Series(dtype=float)
 
 
+def repeatability(frame: pd.DataFrame) -> list[tuple[str, int, tuple[float, float], tuple[float, float]]]:
+    """(model, runs, (fastest, slowest) measured step time, (fastest, slowest) compute probe) of each
+    model's speedup baseline over its repeats (grid), where it has two or more: the same configuration
+    measured and probed again minutes apart, identical but for the time it ran. How far apart they lie
+    is how far apart two measurements of one compute-bound configuration can lie on this machine, what
+    no prediction made before a run can do better than: a 2-core virtual machine whose processes run
+    faster and slower by spells (7 repeats of the small model's baseline at 200 Mbit/s, run back to back:
+    1.44-2.03 ms measured, 1.34-2.15 ms probed, with every phase of a slow run slow alike: docs/real.md)."""
+    rows = frame[is_baseline(frame["scheme"], frame["world"], frame["slow"])]
+    found = []
+    for model, runs in rows.groupby("model", sort=False):
+        measured, probed = runs["measured_step_time"].dropna(), _recorded(runs, "compute_time")
+        if len(measured) >= 2 and len(probed) >= 2:
+            found.append((str(model), len(measured), (float(measured.min()), float(measured.max())),
+                          (float(probed.min()), float(probed.max()))))
+    return found
+
+
 def summary_lines(frame: pd.DataFrame) -> list[str]:
     """The study's verdict: step time, speedup and staleness errors, and the three worst configurations."""
     from syncsim.units import parse_bandwidth
@@ -533,6 +551,11 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         lines.append(f"measured step time wandered within its own run by a median {spread.median():.1%}, max "
                      f"{spread.max():.1%} (coefficient of variation over {SPREAD_WINDOWS} windows): the floor "
                      "below which a row's error is this machine's drift, not the model's")
+    for model, runs, measured, probed in repeatability(ok):
+        lines.append(f"repeatability: {model}'s one-worker baseline, run {runs} times, measured "
+                     f"{measured[0] * 1e3:.2f}-{measured[1] * 1e3:.2f} ms ({measured[1] / measured[0] - 1:.0%} apart), "
+                     f"its compute probes {probed[0] * 1e3:.2f}-{probed[1] * 1e3:.2f} ms "
+                     f"({probed[1] / probed[0] - 1:.0%} apart): one configuration measured again on this machine")
     dropped = _recorded(ok, "dropped")
     if len(dropped):  # a lost packet costs TCP a retransmission, up to a 200 ms timeout: not in the model
         lossy = dropped[dropped > 0]

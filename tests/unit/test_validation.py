@@ -808,6 +808,22 @@ def test_the_summary_counts_the_rows_within_the_targets_bounds_and_gives_each_li
             "TCP's recoveries") in validation.summary_lines(frame)
 
 
+def test_the_summary_gives_how_far_apart_the_baseline_s_repeats_were_measured_and_probed():
+    # three repeats of one model's baseline, one failed (its figures count nowhere), and one other row;
+    # the other model has one repeat only: no spread to give
+    def row(scheme, world, model, measured, probed, error=""):
+        return {"scheme": scheme, "world": world, "bandwidth": "1Gbit/s", "model": model, "slow": 1.0,
+                "rel_error": 0.0, "speedup_error": np.nan, "staleness_mean_error": np.nan, "staleness_distance": np.nan,
+                "predicted_step_time": probed, "measured_step_time": measured, "compute_time": probed, "error": error}
+
+    frame = pd.DataFrame([row("allreduce", 1, "mlp", 2.0e-3, 1.5e-3), row("allreduce", 1, "mlp", 2.5e-3, 2.1e-3),
+                          row("allreduce", 1, "mlp", 9.0e-3, 9.0e-3, error="RuntimeError: injected"),
+                          row("allreduce", 2, "mlp", 9.0e-3, 0.5e-3), row("allreduce", 1, "lenet", 20e-3, 20e-3)])
+    lines = [line for line in validation.summary_lines(frame) if line.startswith("repeatability")]
+    assert lines == ["repeatability: mlp's one-worker baseline, run 2 times, measured 2.00-2.50 ms (25% apart), "
+                     "its compute probes 1.50-2.10 ms (40% apart): one configuration measured again on this machine"]
+
+
 def test_the_link_sweep_times_the_precisions_asked_for_and_sweeps_again_only_for_one_it_lacks(monkeypatch,
                                                                                               tmp_path):
     # A sweep's all-reduces at each wire precision are a quarter of its time each; a study sweeps only
