@@ -23,21 +23,27 @@ bytes at once; a busy link has spent them (what a shaper refilling faster than
 its flows send would gather while busy is not modelled).
 
 A link may share unequally (``newcomer_weight`` w0, ``sharing_spread`` sigma):
-the most recently started of its active flows gets weight w = w0 * exp(sigma*Z),
-Z a standard normal drawn per flow, and every other active flow weight 1, each
-flow receiving the link in proportion to its weight (weighted processor
-sharing, Parekh & Gallager's GPS), at most ``cap``, until it ends or a newer
-flow starts. Why: TCP flows through one tc-tbf shaper do not converge to equal
-shares within a transfer of a few hundred kilobytes. Which flow gets more is
-not systematic but differs from one collision to the next, so w0 is the mean
-preference for the newer flow and sigma how widely a collision's split
-scatters; real.testbed.calibration's sharing probe measures both from pairs of
-colliding transfers. For two flows any split is a pair of weights, so the form
-is exact for what the probe measures; with more flows only the newest one's
-share is perturbed, an approximation. The other flows keep the virtual-time
-heap; the newcomer is tracked apart by its remaining bytes, so every event
-still costs O(log n). w0 = 1 and sigma = 0 (the defaults) is exact processor
-sharing.
+every flow draws its own weight as it enters, exp(sigma/sqrt(2) * Z) with Z a
+standard normal, and the most recently started of the active flows weighs w0
+times that while it is the newest; each flow receives the link in proportion
+to its weight (weighted processor sharing, Parekh & Gallager's GPS), at most
+``cap`` (what a capped flow leaves goes to the rest: weighted max-min
+fairness), until it ends. Why: TCP flows through one tc-tbf shaper do not
+converge to equal shares within a transfer of a few hundred kilobytes. Which
+flow gets more is not systematic but differs from one collision to the next,
+so w0 is the mean preference for the newer flow and sigma how widely a
+collision's split scatters: two colliding flows split in the ratio
+w0 * exp(sigma/sqrt(2) * (Z1 - Z2)), a log-normal of log-sd sigma, which is
+what real.testbed.calibration's sharing probe measures from pairs of
+colliding transfers. Every flow draws its own weight, not only the newest,
+because more flows scatter more: on the testbed, four workers' pulls from
+one server ended a median 11-588 ms apart, 2.5-4.7 times as far as when
+only the newest flow's share was perturbed (the simulator then predicted
+the four-worker synchronous server up to 12 % slow); two workers' pulls
+ended about as far apart as simulated. A weighted link recomputes every
+flow's rate at each arrival and departure, O(n log n) per event; it is
+meant for a calibrated testbed of a few hosts. w0 = 1 and sigma = 0 (the
+defaults) is exact processor sharing, kept as the virtual-time heap above.
 """
 
 from __future__ import annotations
@@ -60,13 +66,12 @@ _TAG_RTOL = 1e-12
 
 
 @dataclass(slots=True)
-class _Newcomer:
-    """The newest flow of a weighted link, served apart from the virtual-time heap."""
+class _Flow:
+    """A flow of a weighted link, served by its bytes left (no virtual-time heap: weights differ)."""
 
     left: float          # bytes still to send
     size: float          # bytes it started with
-    weight: float
-    seq: int             # its place in arrival order: the heap's tie-break once a newer flow demotes it
+    weight: float        # its own weight, drawn as it entered (1 without a sharing spread)
     done: simpy.Event
     rate: float = 0.0    # bytes/second it receives now
 
@@ -95,13 +100,15 @@ class SharedLink:
         self.sharing_spread = float(sharing_spread)
         self._rng = rng
         self._weighted = newcomer_weight != 1.0 or sharing_spread > 0  # else exact equal sharing
+        self._flow_spread = sharing_spread / math.sqrt(2.0)  # each flow's: a pair's log-ratio then has sigma
         self.tokens = self.burst     # bytes the bucket holds (full at the start)
         self._idle_since = 0.0       # when the link last became idle
-        self._virtual = 0.0          # bytes served to each active flow (other than the newcomer) so far
-        self._updated = 0.0          # simulated time of the last virtual-time update
+        self._virtual = 0.0          # bytes served to each active flow of an unweighted link so far
+        self._updated = 0.0          # simulated time of the last update (virtual time or bytes left)
         self._rate = self.rate(1)    # current rate of each flow in the heap
         self._heap: list[tuple[float, int, simpy.Event]] = []
-        self._newcomer: _Newcomer | None = None  # only on a weighted link
+        self._flows: list[_Flow] = []  # a weighted link's active flows, in arrival order (no heap)
+        self._newest: _Flow | None = None  # the newest active flow of a weighted link: w0 times its own weight
         self._seq = 0
         self._wake_pending = False
         self._wake_gen = 0           # generation of the pending wake-up (stale ones are ignored)
@@ -110,33 +117,38 @@ class SharedLink:
 
     @property
     def active(self) -> int:
-        return len(self._heap) + (self._newcomer is not None)
+        return len(self._heap) + len(self._flows)
 
     def rate(self, flows: int) -> float:
         """Bytes/second each of ``flows`` equally shared active flows receives: min(cap, B/n)."""
         return min(self.cap, self.bandwidth / max(1, flows))
 
-    def _shares(self, others: int, w: float) -> tuple[float, float]:
-        """(each other flow's rate, the newcomer's rate) with ``others`` flows beside a newcomer: weights 1
-        and w, each flow at most ``cap``, and what a capped flow leaves goes to the rest (max-min fair)."""
-        cap, bandwidth = self.cap, self.bandwidth
-        if not others:
-            return 0.0, min(cap, bandwidth)
-        unit = bandwidth / (w + others)
-        if w * unit > cap:
-            return min(cap, (bandwidth - cap) / others), cap
-        if unit > cap:
-            return cap, min(cap, bandwidth - others * cap)
-        return unit, w * unit
+    def _share(self) -> None:
+        """Set each flow of a weighted link to its rate: in proportion to its weight (the newest's times
+        w0), each at most ``cap``, what a capped flow leaves going to the rest (weighted max-min fairness
+        by progressive filling: the heaviest flows reach the cap first, and once the heaviest flow left
+        is under it, every lighter one is too)."""
+        flows, newest, cap = self._flows, self._newest, self.cap
+        weights = [f.weight * (self.newcomer_weight if f is newest else 1.0) for f in flows]
+        bandwidth, total, capped = self.bandwidth, sum(weights), set()
+        for i in sorted(range(len(flows)), key=weights.__getitem__, reverse=True):
+            if bandwidth * weights[i] / total < cap:
+                break
+            capped.add(i)
+            bandwidth -= cap
+            total -= weights[i]
+        unit = bandwidth / total if len(capped) < len(flows) else 0.0
+        for i, (flow, weight) in enumerate(zip(flows, weights)):
+            flow.rate = cap if i in capped else weight * unit
 
     def transfer(self, nbytes: float) -> simpy.Event:
         """Start a flow of ``nbytes`` now; returns the event that fires when its last byte has left."""
         env = self.env
         done = env.event()
         now = env.now
-        heap = self._heap
+        heap, flows = self._heap, self._flows
         # an idle shaper: its bucket lets bytes through at once
-        if self.burst and not heap and self._newcomer is None and nbytes > 0:
+        if self.burst and not heap and not flows and nbytes > 0:
             self.tokens = min(self.burst, self.tokens + (now - self._idle_since) * self.refill)
             granted = min(self.tokens, nbytes)
             self.tokens -= granted
@@ -145,30 +157,24 @@ class SharedLink:
             nbytes -= granted
         if nbytes <= 0:
             return done.succeed()
-        # serve every active flow up to now (written out here and in _on_wake: the simulator's hot path)
-        newcomer = self._newcomer
-        elapsed = now - self._updated
-        if heap:
-            self._virtual += elapsed * self._rate
-        if newcomer is not None:
-            newcomer.left -= elapsed * newcomer.rate
-        self._updated = now
         self._seq += 1
         self.bytes_served += nbytes
         if not self._weighted:
+            # serve every active flow up to now (written out here and in _on_wake: the simulator's hot path)
+            if heap:
+                self._virtual += (now - self._updated) * self._rate
+            self._updated = now
             heapq.heappush(heap, (self._virtual + nbytes, self._seq, done))
             n = len(heap)
             self._rate = self.rate(n)
             rearm = heap[0][1] == self._seq
-        else:  # the newest flow takes the newcomer's weight; the one it replaces joins the others
-            if newcomer is not None:
-                heapq.heappush(heap, (self._virtual + newcomer.left, newcomer.seq, newcomer.done))
-            weight = self.newcomer_weight
-            if self.sharing_spread:  # lognormal about the systematic weight (see the module docstring)
-                weight *= math.exp(self.sharing_spread * self._rng.standard_normal())
-            newcomer = self._newcomer = _Newcomer(left=nbytes, size=nbytes, weight=weight, seq=self._seq, done=done)
-            self._rate, newcomer.rate = self._shares(len(heap), weight)
-            n = len(heap) + 1
+        else:  # the newest flow takes w0 on top of its own weight; the one it replaces keeps its own
+            self._serve(now)
+            weight = math.exp(self._flow_spread * self._rng.standard_normal()) if self._flow_spread else 1.0
+            self._newest = flow = _Flow(left=nbytes, size=nbytes, weight=weight, done=done)
+            flows.append(flow)
+            self._share()
+            n = len(flows)
             rearm = True
         if n > self.peak_flows:
             self.peak_flows = n
@@ -178,14 +184,18 @@ class SharedLink:
             self._arm(now)
         return done
 
+    def _serve(self, now: float) -> None:
+        """A weighted link's flows served at their rates since the last update."""
+        elapsed = now - self._updated
+        for flow in self._flows:
+            flow.left -= elapsed * flow.rate
+        self._updated = now
+
     def _arm(self, now: float) -> None:
-        newcomer = self._newcomer
-        if newcomer is None:
-            delay = (self._heap[0][0] - self._virtual) / self._rate
+        if self._flows:
+            delay = min(flow.left / flow.rate for flow in self._flows)
         else:
-            delay = newcomer.left / newcomer.rate
-            if self._heap:
-                delay = min(delay, (self._heap[0][0] - self._virtual) / self._rate)
+            delay = (self._heap[0][0] - self._virtual) / self._rate
         self._wake_gen += 1
         self._wake_pending = True
         wake = self.env.timeout(delay if delay > 0 else 0.0, self._wake_gen)
@@ -195,15 +205,28 @@ class SharedLink:
         if event._value != self._wake_gen:
             return  # superseded by a later arm
         now = self.env.now
-        heap = self._heap
-        newcomer = self._newcomer
-        elapsed = now - self._updated  # serve every active flow up to now, as in transfer
-        if heap:
-            self._virtual += elapsed * self._rate
-        if newcomer is not None:
-            newcomer.left -= elapsed * newcomer.rate
-        self._updated = now
         self._wake_pending = False
+        if self._weighted:
+            self._serve(now)
+            # Done if within rounding of its size, or if what is left would finish within the float
+            # resolution of ``now`` (else it could never advance).
+            finished = [f for f in self._flows if f.left <= _TAG_RTOL * (1 + f.size) or now + f.left / f.rate <= now]
+            if finished:
+                self._flows = [f for f in self._flows if all(f is not g for g in finished)]
+                if any(self._newest is g for g in finished):  # no flow inherits the newest's w0
+                    self._newest = None
+            if self._flows:
+                self._share()
+                self._arm(now)
+            else:
+                self._idle_since = now
+            for flow in finished:
+                _resume_now(flow.done)
+            return
+        heap = self._heap
+        if heap:  # serve every active flow up to now, as in transfer
+            self._virtual += (now - self._updated) * self._rate
+        self._updated = now
         threshold = self._virtual * (1 + _TAG_RTOL) + _TAG_RTOL
         finished = []
         rate = self._rate
@@ -214,16 +237,8 @@ class SharedLink:
             if tag > threshold and now + (tag - self._virtual) / rate > now:
                 break
             finished.append(heapq.heappop(heap)[2])
-        # the same two tests for the newcomer, on its bytes left
-        if newcomer is not None and (newcomer.left <= _TAG_RTOL * (1 + newcomer.size)
-                                     or now + newcomer.left / newcomer.rate <= now):
-            finished.append(newcomer.done)
-            newcomer = self._newcomer = None
-        if newcomer is None:
-            self._rate = self.rate(len(heap))
-        else:
-            self._rate, newcomer.rate = self._shares(len(heap), newcomer.weight)
-        if heap or newcomer is not None:
+        self._rate = self.rate(len(heap))
+        if heap:
             self._arm(now)
         else:
             self._idle_since = now

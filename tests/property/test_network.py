@@ -62,11 +62,11 @@ def reference(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0
 
     A token bucket of ``burst`` bytes (tc-tbf) fills at ``refill`` (default: the link's rate) while no
     flow is active, and
-    a flow arriving then passes as many of its bytes as it holds at once. The flow that arrived last,
-    while it is active, weighs ``newcomer_weight`` (times exp(spread * z), z the next of ``draws`` for each
-    flow that enters the link); every other flow weighs 1."""
+    a flow arriving then passes as many of its bytes as it holds at once. Every flow that enters the
+    link weighs exp(spread / sqrt(2) * z), z the next of ``draws``, and the flow that arrived last, while
+    it is active, ``newcomer_weight`` times that."""
     draws = list(draws)
-    weight = newcomer_weight
+    own = {}
     remaining = {}
     finish = [None] * len(flows)
     pending = sorted(range(len(flows)), key=lambda i: flows[i][0])
@@ -75,7 +75,7 @@ def reference(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0
     refill = bandwidth if refill is None else refill
     newest = None
     while pending or remaining:
-        rates = water_fill({i: weight if i == newest else 1.0 for i in remaining}, bandwidth, cap)
+        rates = water_fill({i: own[i] * (newcomer_weight if i == newest else 1.0) for i in remaining}, bandwidth, cap)
         next_arrival = flows[pending[0]][0] if pending else float("inf")
         next_done = now + min(r / rates[i] for i, r in remaining.items()) if remaining else float("inf")
         t = min(next_arrival, next_done)
@@ -99,7 +99,7 @@ def reference(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0
             if size > 0:
                 remaining[i] = size
                 newest = i
-                weight = newcomer_weight * math.exp(spread * draws.pop(0)) if spread else newcomer_weight
+                own[i] = math.exp(spread / math.sqrt(2) * draws.pop(0)) if spread else 1.0
             else:
                 finish[i] = now
     return finish
@@ -226,8 +226,8 @@ def test_a_newcomer_weight_must_be_positive_and_finite():
             SharedLink(simpy.Environment(), 1e6, newcomer_weight=bad)
 
 
-# Basis: weighted processor sharing kept as a virtual-time heap plus one newcomer must agree with
-# progressive filling recomputed at every event, caps and token bucket included.
+# Basis: weighted processor sharing with the newest flow weighing w0 must agree with progressive
+# filling recomputed at every event (a reference written apart), caps and token bucket included.
 @given(st.lists(st.tuples(st.floats(0, 5), st.floats(1e3, 1e7)), min_size=1, max_size=25),
        st.floats(1e5, 1e8), st.one_of(st.just(float("inf")), st.floats(1e5, 1e8)),
        st.floats(0.05, 20), st.sampled_from([0.0, 1e5]))
@@ -246,9 +246,9 @@ def test_a_sharing_spread_must_be_finite_non_negative_and_have_an_rng():
         SharedLink(simpy.Environment(), 1e6, sharing_spread=0.3)
 
 
-# Basis: with a sharing spread, each flow that enters the link draws its weight as the newest flow,
-# newcomer_weight * exp(spread * z), and keeps it only while no newer flow is active; progressive
-# filling recomputed at every event with the same draws must agree.
+# Basis: with a sharing spread, each flow that enters the link draws its own weight exp(spread/sqrt(2) * z)
+# and keeps it; the newest active flow weighs newcomer_weight times its own; progressive filling
+# recomputed at every event with the same draws must agree.
 @given(st.lists(st.tuples(st.floats(0, 5), st.floats(1e3, 1e7)), min_size=1, max_size=25),
        st.floats(1e5, 1e8), st.one_of(st.just(float("inf")), st.floats(1e5, 1e8)),
        st.floats(0.2, 5), st.floats(0.05, 1.5), st.sampled_from([0.0, 1e5]), st.integers(0, 2**32 - 1))
@@ -261,7 +261,8 @@ def test_random_newcomer_weights_match_brute_force(flows, bandwidth, cap, weight
 
 
 def test_collisions_split_as_lognormal_weights_about_the_newcomer_weight():
-    # Basis: two flows of n bytes started together on a link of rate B, the newer with weight w: if w > 1
+    # Basis: two flows of n bytes started together on a link of rate B, the newer weighing w times the
+    # older (w = 1.5 exp(0.4/sqrt(2) (z1 - z2)): log-mean log(1.5), log-sd 0.4): if w > 1
     # it ends first, at n(1 + w)/(wB); else the older one ends first, at n(1 + w)/B. Inverting the first
     # end gives each collision's w; over 4,000 collisions drawn with log-mean log(1.5) and log-sd 0.4,
     # the sample mean and sd of log w lie within 5 standard errors of those (se = 0.4/sqrt(4000) for
@@ -287,3 +288,17 @@ def test_collisions_split_as_lognormal_weights_about_the_newcomer_weight():
     env.run()
     assert abs(np.mean(logs) - math.log(1.5)) < 5 * 0.4 / math.sqrt(4000)
     assert abs(np.std(logs, ddof=1) - 0.4) < 5 * 0.4 / math.sqrt(8000)
+
+
+def test_every_flow_draws_its_own_weight_so_four_collided_flows_end_apart():
+    # Basis: weighted processor sharing with each flow's own weight (syncsim.network). Four flows of 1 MB
+    # start together on 1 MB/s with weights exp(0.5/sqrt(2) z) for z = -1, 0, 1, 2 (w0 = 1): the heaviest
+    # (z = 2) takes w/sum(w) of the link until it ends, at sum(w)/w seconds, and a lighter flow always
+    # has more left than a heavier one, so they end lightest last, each at its own time. Were only the
+    # newest flow's weight drawn, the other three would end together.
+    z = [-1.0, 0.0, 1.0, 2.0]
+    w = [math.exp(0.5 / math.sqrt(2) * v) for v in z]
+    got = run_link([(0.0, 1e6)] * 4, 1e6, spread=0.5, draws=z)
+    assert got[3] == approx(sum(w) / w[3])
+    assert got == sorted(got, reverse=True) and len({round(g, 9) for g in got}) == 4
+    assert got[0] == approx(4.0)  # the link's work is conserved: the last byte leaves at 4 MB / 1 MB/s
