@@ -69,10 +69,11 @@ class Link:
     started active flow receives this many times the rate of each other one, on average. 1 (the
     default) is equal sharing, which long TCP or RDMA flows of equal RTT converge to (syncsim.network)."""
     sharing_spread: float = 0.0
-    """How widely the split of one collision scatters: the newest flow's weight is newcomer_weight ×
-    exp(sharing_spread × Z), Z standard normal, drawn per flow from the run's seed. 0 (the default):
-    every collision splits alike. TCP flows of a few hundred kB through one shaper do not converge
-    within a transfer; real.testbed.calibration measures both values from colliding transfers."""
+    """How widely the split of one collision of two flows scatters: the log-sd of the ratio of their
+    rates. Every flow draws its own weight exp(sharing_spread / sqrt(2) × Z), Z standard normal, from
+    the run's seed, and the newest active flow weighs newcomer_weight times its own (syncsim.network).
+    0 (the default): every collision splits alike. TCP flows of a few hundred kB through one shaper do
+    not converge within a transfer; real.testbed.calibration measures both values from colliding pairs."""
 
     def __post_init__(self) -> None:
         bandwidth = parse_bandwidth(self.bandwidth, "Link.bandwidth")
