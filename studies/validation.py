@@ -321,8 +321,9 @@ def run_steps(asked: int, predicted_run: float) -> int:
 
 def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int, slow_forward: float | None = None):
     """Run ``config`` for real on a testbed of world + servers hosts; its steady state (syncsim.metrics),
-    how much its step time wandered while it ran (syncsim.metrics.step_time_spread) and how many packets
-    the testbed's shapers dropped (Testbed.dropped: none, unless its queue is made shallower than QUEUE).
+    how much its step time wandered while it ran (syncsim.metrics.step_time_spread), how many packets
+    the testbed's shapers dropped (Testbed.dropped: none, unless its queue is made shallower than QUEUE)
+    and its trace (OUT/trace.csv, read once: the replay takes it too).
 
     A straggler row's slowed worker sizes its sleep from ``slow_forward``, the forward its compute probe
     timed (measure_compute's ``slow_forward``), so that it sleeps as long as the probe's slowed rank,
@@ -350,7 +351,7 @@ def measure(config: Config, args: argparse.Namespace, folder: Path, steps: int, 
     trace = pd.read_csv(folder / "trace.csv")
     return (steady_state(trace, pd.read_csv(folder / "updates.csv"), args.batch_size, steps=steps,
                          workers=config.world),
-            run_spread(trace, steps, config.world), dropped)
+            run_spread(trace, steps, config.world), dropped, trace)
 
 
 def run_spread(trace: pd.DataFrame, steps: int, world: int) -> float:
@@ -438,7 +439,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
         result.updates.to_csv(folder / "sim-updates.csv", index=False)
         predicted, row["predicted_seed_cv"] = predict(result)
         forward = values.get("slow_forward", math.nan)  # what the probe's slowed rank sized its sleep from
-        measured, row["measured_spread"], row["dropped"] = measure(
+        measured, row["measured_spread"], row["dropped"], trace = measure(
             config, args, folder, steps, slow_forward=None if math.isnan(forward) else forward)
         row.update(predicted_step_time=predicted.step_time, measured_step_time=measured.step_time,
                    predicted_throughput=predicted.throughput, measured_throughput=measured.throughput,
@@ -446,8 +447,7 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
                    measured_staleness_mean=measured.staleness_mean,
                    predicted_staleness_max=predicted.staleness_max, measured_staleness_max=measured.staleness_max,
                    staleness_distance=staleness_distance(predicted.staleness, measured.staleness), error="")
-        row["replayed_step_time"] = replay(cluster, workload, scheme, pd.read_csv(folder / "trace.csv"), steps,
-                                           config.world)
+        row["replayed_step_time"] = replay(cluster, workload, scheme, trace, steps, config.world)
     except Exception as err:  # the study goes on; the row says why this configuration has no figures
         row["error"] = f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
     row["wall_time"] = time.perf_counter() - started

@@ -359,7 +359,8 @@ def _fake_study(monkeypatch, fail: set):
         cluster, workload, _ = calibrate(config, args)
         result = simulate(cluster, workload, config.scheme, steps=steps, seed=1)
         result.trace.to_csv(folder / "trace.csv", index=False)  # where a real run leaves its trace
-        return result.steady, step_time_spread(result.trace, validation.SPREAD_WINDOWS, steps, config.world), 0
+        return (result.steady, step_time_spread(result.trace, validation.SPREAD_WINDOWS, steps, config.world), 0,
+                result.trace)
 
     monkeypatch.setattr(validation, "calibrate", calibrate)
     monkeypatch.setattr(validation, "measure", measure)
