@@ -111,8 +111,8 @@ class SharedLink:
         self._rate = self.rate(1)    # current rate of each flow in the heap
         self._heap: list[tuple[float, int, simpy.Event]] = []
         self._flows: list[_Flow] = []  # a weighted link's active flows, in arrival order (no heap)
-        self._newest: _Flow | None = None  # the newest active flow of a weighted link: w0 times its own weight
-        self._seq = 0
+        self._newest: _Flow | None = None  # a weighted link's latest arrival: w0 times its own weight while active
+        self._seq = 0                # arrivals on an unweighted link so far
         self._wake_pending = False
         self._wake_gen = 0           # generation of the pending wake-up (stale ones are ignored)
         self.bytes_served = 0.0
@@ -160,13 +160,13 @@ class SharedLink:
             nbytes -= granted
         if nbytes <= 0:
             return done.succeed()
-        self._seq += 1
         self.bytes_served += nbytes
         if not self._weighted:
             # serve every active flow up to now (written out here and in _on_wake: the simulator's hot path)
             if heap:
                 self._virtual += (now - self._updated) * self._rate
             self._updated = now
+            self._seq += 1  # the heap's tie-break between equal tags: arrival order
             heapq.heappush(heap, (self._virtual + nbytes, self._seq, done))
             n = len(heap)
             self._rate = self.rate(n)
@@ -213,12 +213,13 @@ class SharedLink:
             self._serve(now)
             # Done if within rounding of its size, or if what is left would finish within the float
             # resolution of ``now`` (else it could never advance).
-            finished = [f for f in self._flows if f.left <= _TAG_RTOL * (1 + f.size) or now + f.left / f.rate <= now]
-            if finished:
-                self._flows = [f for f in self._flows if all(f is not g for g in finished)]
-                if any(self._newest is g for g in finished):  # no flow inherits the newest's w0
-                    self._newest = None
-            if self._flows:
+            # A finished newest flow is in no list any more, so no flow inherits its w0.
+            active, finished = [], []
+            for flow in self._flows:
+                ended = flow.left <= _TAG_RTOL * (1 + flow.size) or now + flow.left / flow.rate <= now
+                (finished if ended else active).append(flow)
+            self._flows = active
+            if active:
                 self._share()
                 self._arm(now)
             else:
