@@ -60,6 +60,9 @@ SPREAD_WINDOWS = 4
 PREDICTION_SEEDS = 8
 BATCH = 32
 QUICK_BATCH = 256
+# Seconds of real.testbed.steadiness at the study's start: how much this machine's own speed moves from
+# one window to the next, quoted in the summary beside the errors (a minute of a 26-minute grid).
+STEADINESS, QUICK_STEADINESS, MAX_STEADINESS = 60.0, 10.0, 600.0
 """The quick preset's batch: every step milliseconds long. At 32 the one-worker step of the small model
 is under a millisecond, where one burst of a shared machine decides the row (-16 % to -23 %, and 37 %
 once, over CI runs, when the compute calibration still left out the executor's own bookkeeping)."""
@@ -521,8 +524,10 @@ def repeatability(frame: pd.DataFrame) -> list[tuple[str, int, tuple[float, floa
     return found
 
 
-def summary_lines(frame: pd.DataFrame) -> list[str]:
-    """The study's verdict: step time, speedup and staleness errors, and the three worst configurations."""
+def summary_lines(frame: pd.DataFrame, steadiness=None) -> list[str]:
+    """The study's verdict: step time, speedup and staleness errors, and the three worst configurations;
+    with ``steadiness`` (real.testbed.steadiness.Steadiness, timed at the study's start), how steady the
+    machine's own speed was: the floor under every row's error that no model removes."""
     from syncsim.units import parse_bandwidth
 
     ok = frame[~failed(frame)]
@@ -556,6 +561,8 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
                      f"{measured[0] * 1e3:.2f}-{measured[1] * 1e3:.2f} ms ({measured[1] / measured[0] - 1:.0%} apart), "
                      f"its compute probes {probed[0] * 1e3:.2f}-{probed[1] * 1e3:.2f} ms "
                      f"({probed[1] / probed[0] - 1:.0%} apart): one configuration measured again on this machine")
+    if steadiness is not None:
+        lines.append(f"machine steadiness: {steadiness.line()}")
     dropped = _recorded(ok, "dropped")
     if len(dropped):  # a lost packet costs TCP a retransmission, up to a 200 ms timeout: not in the model
         lossy = dropped[dropped > 0]
@@ -685,13 +692,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a handful of configurations (a few minutes)")
     ap.add_argument("--prefix", default="sstb", help="testbed namespace prefix")
     ap.add_argument("--run-timeout", type=number, default=300.0, help="seconds before a run is stopped")
+    ap.add_argument("--steadiness", type=number, default=None,
+                    help=f"seconds to time the machine's own steadiness first (default {STEADINESS:g}; "
+                         f"{QUICK_STEADINESS:g} with --quick; 0: not timed)")
     args = ap.parse_args(argv)
     if args.batch_size is None:
         args.batch_size = QUICK_BATCH if args.quick else BATCH
+    if args.steadiness is None:
+        args.steadiness = QUICK_STEADINESS if args.quick else STEADINESS
     try:
         args.out = check_out_dir(args.out)
         check_count("--steps", args.steps, 2)
         check_count("--repeats", args.repeats, 1, MAX_REPEATS)
+        if args.steadiness != 0 and not 2 <= args.steadiness <= MAX_STEADINESS:
+            raise ValueError(f"--steadiness must be 0 (not timed) or 2 to {MAX_STEADINESS:g} seconds, "
+                             f"got {args.steadiness:g}")
         if not 0 < args.run_timeout <= MAX_RUN_TIMEOUT:
             raise ValueError(f"--run-timeout must be in (0, {MAX_RUN_TIMEOUT:g}] seconds, got {args.run_timeout:g}")
         TestbedConfig(prefix=args.prefix)
@@ -702,6 +717,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError as err:
         ap.error(str(err))
     return args
+
+
+def measured_steadiness(args: argparse.Namespace, timed_now: bool):
+    """The machine's steadiness (real.testbed.steadiness) timed now, on the study's smallest model at its
+    batch, and kept as OUT/steadiness.json; when nothing is to run (a finished study resumed) or
+    ``--steadiness 0``, the one kept, or None."""
+    from real.testbed.steadiness import Steadiness, measure_steadiness
+    from syncsim.files import write_atomic
+
+    path = args.out / "steadiness.json"
+    if timed_now and args.steadiness > 0:
+        model = min({c.model for c in args.configs}, key=model_bytes)
+        print(f"studies.validation: timing this machine's own steadiness for {args.steadiness:g} s "
+              f"({model}, batch {args.batch_size})", file=sys.stderr)
+        result = measure_steadiness(model, args.batch_size, args.steadiness)
+        write_atomic(path, result.to_json())
+        return result
+    return Steadiness.from_json(path.read_text()) if path.exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -735,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     if rows and not todo:
         save()  # nothing to run: the resumed rows, with any drift filled in from their traces
     try:
+        steadiness = measured_steadiness(args, timed_now=bool(todo))
         for config in tqdm(todo, desc="validation", unit="run", dynamic_ncols=True):
             rows.append(evaluate(config, args))
             save()
@@ -746,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     frame = pd.read_csv(csv, keep_default_na=False, na_values=[""]) if rows else pd.DataFrame(columns=COLUMNS)
     frame = frame[[tuple(r) in wanted for r in frame[list(KEY)].itertuples(index=False, name=None)]]
     figure = plot(csv, args.out)
-    for line in summary_lines(frame):
+    for line in summary_lines(frame, steadiness):
         print(f"studies.validation: {line}")
     print(f"studies.validation: wrote {csv} and {figure} ({len(todo)} runs in "
           f"{time.perf_counter() - started:.0f} s)")

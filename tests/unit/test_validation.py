@@ -372,7 +372,7 @@ def test_rows_failures_summary_figure_and_resume(tmp_path, monkeypatch, capsys):
     configs = validation.quick_grid()
     broken = configs[2].key
     calls = _fake_study(monkeypatch, fail={broken})
-    argv = ["--quick", "--out", str(tmp_path), "--steps", "10"]
+    argv = ["--quick", "--out", str(tmp_path), "--steps", "10", "--steadiness", "2"]
     assert validation.main(argv) == 0
     data = pd.read_csv(tmp_path / "validation.csv", keep_default_na=False, na_values=[""])
     assert set(validation.COLUMNS) <= set(data.columns) and len(data) == len(configs)
@@ -398,6 +398,10 @@ def test_rows_failures_summary_figure_and_resume(tmp_path, monkeypatch, capsys):
     assert (ok["predicted_seed_cv"] > 0).all() and "varied from seed to seed by a median" in out
     assert "median |error|" in out and f"over {len(configs) - 1} configurations" in out
     assert "1 configurations failed" in out
+    # the machine's own steadiness, timed first on the smaller model (real.testbed.steadiness), and quoted
+    kept = json.loads((tmp_path / "steadiness.json").read_text())
+    assert kept["model"] == "mlp" and len(kept["step_times"]) == 2
+    assert "machine steadiness: mlp's step at batch 256" in out
     # a rerun measures only the failed row again
     calls.clear()
     assert validation.main(argv) == 0
