@@ -21,7 +21,8 @@ For each configuration (scheme, workers, link rate, model, one slowed worker or 
 
 Writes ``OUT/validation.csv`` (one row per configuration; a failed one is a row with its reason),
 ``OUT/parity.png`` (drawn from the CSV alone), each run's real and simulated traces under
-``OUT/runs/<configuration>/`` and the calibrations under ``OUT/calibration/``. A rerun keeps the
+``OUT/runs/<configuration>/``, the calibrations under ``OUT/calibration/`` and, timed before the
+first run, the machine's own steadiness (real.testbed.steadiness) as ``OUT/steadiness.json``. A rerun keeps the
 finished rows and measures only the rest. Needs root and iproute2 (the testbed).
 """
 
@@ -60,12 +61,12 @@ SPREAD_WINDOWS = 4
 PREDICTION_SEEDS = 8
 BATCH = 32
 QUICK_BATCH = 256
-# Seconds of real.testbed.steadiness at the study's start: how much this machine's own speed moves from
-# one window to the next, quoted in the summary beside the errors (a minute of a 26-minute grid).
-STEADINESS, QUICK_STEADINESS, MAX_STEADINESS = 60.0, 10.0, 600.0
 """The quick preset's batch: every step milliseconds long. At 32 the one-worker step of the small model
 is under a millisecond, where one burst of a shared machine decides the row (-16 % to -23 %, and 37 %
 once, over CI runs, when the compute calibration still left out the executor's own bookkeeping)."""
+# Seconds of real.testbed.steadiness at the study's start: how much this machine's own speed moves from
+# one window to the next, quoted in the summary beside the errors (a minute of a 26-minute grid).
+STEADINESS, QUICK_STEADINESS, MAX_STEADINESS = 60.0, 10.0, 600.0
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "measured_step_time", "rel_error",
            "measured_spread", "dropped", "predicted_seed_cv", "predicted_speedup", "measured_speedup", "speedup_error",
