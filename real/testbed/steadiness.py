@@ -110,6 +110,7 @@ def measure_steadiness(model: str = "mlp", batch_size: int = 32, seconds: float 
     each window's step time."""
     import torch
 
+    from real.data import load
     from real.models import MODELS, build
 
     if model not in MODELS:
@@ -124,9 +125,7 @@ def measure_steadiness(model: str = "mlp", batch_size: int = 32, seconds: float 
     try:
         net = build(model, 0)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-        generator = torch.Generator().manual_seed(0)
-        images = torch.randn(batch_size, 1, 28, 28, generator=generator)
-        labels = torch.randint(0, 10, (batch_size,), generator=generator)
+        images, labels = load("synthetic", 0).batch(0, 0, 1, batch_size)  # a run's first batch (real.data)
 
         def step() -> None:
             optimizer.zero_grad()
