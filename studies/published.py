@@ -17,10 +17,14 @@ to ``results/published/``:
 
 Bandwidth-bound rows are all-reduces of at least 64 MiB and training
 configurations whose step is communication-bound (the all-reduce of one
-step's gradients, uncontended, takes at least as long as its compute). Rows
-outside the model are reported with their error but kept out of the summary:
-NVIDIA's NVLink SHARP (NVLS, in-switch reduction, which NCCL uses on
-NVSwitch-3 systems: H100, H200) is not modelled.
+step's gradients, uncontended, takes at least as long as its compute). The
+summary's headline is their error inside the model; it also gives the rows
+inside the model that are not bandwidth-bound (latency-bound all-reduces,
+compute-bound training), and for every dataset outside the model its error
+and the headline had it been included. A dataset is outside the model when
+its hardware states no GPUDirect RDMA on a run that crosses the network
+(``host_staged``), or when it ran what the model leaves out (``OUTSIDE``:
+NVLink SHARP, FSDP, ...).
 """
 
 from __future__ import annotations
@@ -60,16 +64,39 @@ LAUNCH = "8.4us"
 # NICs reach 96 % of their line rate under NCCL: "We usually consider 24GB/s is the peak performance
 # per 200G NIC (12 GB/s for 100G NICs)" (NCCL maintainer, NVIDIA/nccl-tests issue 119).
 NIC_EFFICIENCY = 0.96
-# What the model leaves out, by the name a dataset's "model": {"outside": ...} gives it.
+# What the model leaves out, by the name(s) a dataset's "model": {"outside": ...} gives it: what the
+# dataset ran (a scheme, a topology, an algorithm NCCL picked), never how well it was predicted.
 OUTSIDE = {
     "nvls": "NVLink SHARP (in-switch reduction, NCCL's choice on NVSwitch-3 nodes) is not modelled",
-    "host-staged": "GPUDirect RDMA off: host-memory copies, not the links, set the rate (not modelled)",
     "fsdp": "sharded data parallelism (all-gather + reduce-scatter per layer), not all-reduce",
     "input-pipeline": "real data read from disk: the input pipeline is part of the step (not modelled)",
     "unknown-batch": "the batch size is not published, so the compute time per step is unknown",
     "cube-mesh": "hybrid cube-mesh NVLink (DGX-1): not the switched node the model assumes",
     "ps-on-cpu": "parameters on the host CPU (TensorFlow's parameter-server mode inside one node)",
 }
+# One physical rule for host staging, computed from the stated hardware, the same for every dataset.
+# The model's network hop moves a GPU's bytes onto the wire at the NIC's rate. That is GPUDirect RDMA,
+# "a direct path for data exchange between the GPU and a third-party peer device using standard
+# features of PCI Express" (NVIDIA, GPUDirect RDMA documentation, Overview). Without it NCCL copies
+# every network chunk through a host-memory buffer: its net transport puts the buffers in GPU memory
+# only when it uses GPUDirect, and then logs the hop "/GDRDMA" (NVIDIA/nccl src/transport/net.cc), and
+# its socket (TCP) transport takes host memory only (src/transport/net_socket.cc: ncclSocketPtrSupport
+# sets NCCL_PTR_HOST).
+# No stated hardware fact gives that copy's rate, so whether the copy or the wire sets the rate cannot
+# be predicted: the same no-GPUDirect cluster reached 44 % of a 100G NIC's line rate and 94 % of a
+# 10 GbE's (the two hkbu-2080ti-8x4 datasets), one 400G RoCE NIC 30 % (moc-h100-2x1-...). Deciding by
+# which of them the model happens to match would be choosing rows by their error, so every dataset
+# whose runs cross the network and whose hardware states "gpudirect_rdma": false is outside, whatever
+# its error; a dataset that does not state it is predicted as the model assumes (GPUDirect).
+HOST_STAGED = "no GPUDirect RDMA: each network hop is copied through host memory (not modelled)"
+
+
+def host_staged(hardware: dict, rows: pd.DataFrame) -> bool:
+    """Whether a dataset's runs cross the network without GPUDirect RDMA, as its hardware states."""
+    stated = hardware.get("gpudirect_rdma")
+    if stated not in (None, True, False):
+        raise ValueError(f"hardware.gpudirect_rdma must be true or false, got {stated!r}")
+    return stated is False and bool((rows["nodes"] > 1).any())
 
 
 @dataclass(frozen=True)
@@ -93,8 +120,11 @@ class Dataset:
 
     def outside_model(self) -> str | None:
         """Why the model does not cover this dataset, or None."""
-        reason = self.model.get("outside")
-        return None if reason is None else OUTSIDE[reason]
+        labels = self.model.get("outside") or []
+        reasons = [OUTSIDE[label] for label in ([labels] if isinstance(labels, str) else labels)]
+        if host_staged(self.hardware, self.rows):
+            reasons.append(HOST_STAGED)
+        return "; ".join(reasons) or None
 
     def cluster(self, nodes: int, gpus_per_node: int) -> Cluster:
         hw = self.hardware
@@ -118,11 +148,12 @@ def load(folder: Path = DATA) -> list[Dataset]:
 
 
 def _row(ds: Dataset, what: str, size: float, measured: float, predicted: float, algorithm: str,
-         bound: bool) -> dict:
+         bound: bool, no_prediction: str = "") -> dict:
     reason = ds.outside_model()
     return {"dataset": ds.id, "kind": ds.meta["kind"], "what": what, "size": size, "measured": measured,
             "predicted": predicted, "rel_error": predicted / measured - 1.0, "algorithm": algorithm,
-            "bandwidth_bound": bound, "in_model": reason is None, "reason": reason or "", "source": ds.source}
+            "bandwidth_bound": bound, "in_model": reason is None, "reason": reason or "",
+            "no_prediction": no_prediction, "source": ds.source}
 
 
 def allreduce_rows(ds: Dataset) -> list[dict]:
@@ -138,11 +169,14 @@ def allreduce_rows(ds: Dataset) -> list[dict]:
 def training_rows(ds: Dataset) -> list[dict]:
     model = ds.model
     rows = []
-    if "single_gpu_images_per_s" not in model:  # outside the model, and not enough published to predict
+    if "single_gpu_images_per_s" not in model:  # not enough published to predict: the JSON says why
+        if not model.get("no_prediction"):
+            raise ValueError(f"{ds.id}: model.single_gpu_images_per_s is missing and model.no_prediction "
+                             "does not say why")
         for r in ds.rows.itertuples(index=False):
             if r.gpus > 1:
                 rows.append(_row(ds, "scaling efficiency", float(r.gpus), float(r.efficiency), math.nan, "",
-                                 False))
+                                 False, model["no_prediction"]))
         return rows
     batch = int(model["batch_per_gpu"])
     workload = Workload(param_bytes=4.0 * float(model["parameters"]), batch_size=batch,
@@ -195,20 +229,55 @@ def bounded(data: pd.DataFrame) -> pd.DataFrame:
     return data[data["bandwidth_bound"] & data["in_model"]]
 
 
+# The kinds of row, as the summary names them ("what" in the CSV).
+KINDS = {"allreduce seconds": "all-reduce time", "scaling efficiency": "scaling efficiency"}
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def errors(rows: pd.DataFrame) -> str:
+    """Median and max |error| over the rows that have a prediction, and how many; never a NaN."""
+    err = rows["rel_error"].abs().dropna()
+    if err.empty:
+        return f"no prediction on its {count(len(rows), 'row')}" if len(rows) else "no rows"
+    text = f"median |error| {err.median():.1%}, max {err.max():.1%} over {count(len(err), 'row')}"
+    return text + (f" ({len(rows) - len(err)} not predicted)" if len(err) < len(rows) else "")
+
+
+def errors_of_datasets(rows: pd.DataFrame) -> str:
+    datasets = f" of {count(rows['dataset'].nunique(), 'dataset')}" if len(rows) else ""
+    return errors(rows) + datasets
+
+
 def summary(data: pd.DataFrame) -> str:
     rows = bounded(data)
-    err = rows["rel_error"].abs()
-    worst = rows.assign(abs_error=err).nlargest(3, "abs_error")
-    lines = [f"bandwidth-bound, in-model rows: median |error| {err.median():.1%}, max {err.max():.1%} "
-             f"over {len(rows)} rows of {rows['dataset'].nunique()} datasets"]
+    lines = [f"bandwidth-bound, in-model rows: {errors_of_datasets(rows)}"]
+    worst = rows.assign(abs_error=rows["rel_error"].abs()).dropna(subset=["abs_error"]).nlargest(3, "abs_error")
     for r in worst.itertuples(index=False):
         lines.append(f"  worst: {r.dataset} {r.what} at {r.size:.4g}: predicted {r.predicted:.4g}, measured "
                      f"{r.measured:.4g} ({r.rel_error:+.1%}, {r.algorithm})")
     outside = data[~data["in_model"]]
+    # the headline had each outside dataset been let in: how much the exclusions move it
+    for dataset, group in outside[outside["bandwidth_bound"] & outside["rel_error"].notna()].groupby("dataset"):
+        lines.append(f"  with {dataset} included: {errors(pd.concat([rows, group]))}")
+    inside = data[data["in_model"] & ~data["bandwidth_bound"]]
+    for what, name in KINDS.items():
+        part = inside[inside["what"] == what]
+        lines.append(f"not bandwidth-bound, in-model rows, {name}: {errors_of_datasets(part)}")
     for dataset, group in outside.groupby("dataset"):
-        big = group[group["bandwidth_bound"]]["rel_error"]
-        lines.append(f"  outside the model: {dataset} ({group['reason'].iloc[0]}): median error "
-                     f"{big.median():+.1%} on its bandwidth-bound rows")
+        predicted = group[group["rel_error"].notna()]
+        big = predicted[predicted["bandwidth_bound"]]["rel_error"]
+        if predicted.empty:
+            why = next((w for w in group["no_prediction"] if isinstance(w, str) and w), "none made")
+            verdict = f"no prediction: {why} ({count(len(group), 'row')})"
+        elif big.empty:
+            verdict = (f"no bandwidth-bound rows; median error {predicted['rel_error'].median():+.1%} over its "
+                       f"{count(len(predicted), 'row')}")
+        else:
+            verdict = f"median error {big.median():+.1%} on its {count(len(big), 'bandwidth-bound row')}"
+        lines.append(f"  outside the model: {dataset} ({group['reason'].iloc[0]}): {verdict}")
     return "\n".join(lines)
 
 
