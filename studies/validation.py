@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from studies.verdict import error_table, failed, verdict_lines
+
 __all__ = ["Config", "grid", "quick_grid", "main", "summary_lines", "plot", "COLUMNS"]
 
 SCHEMES = ("allreduce", "allreduce:precision=fp16", "ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=4")
@@ -492,11 +494,6 @@ def derive(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def failed(frame: pd.DataFrame) -> pd.Series:
-    """Rows whose configuration failed (their ``error`` says why); empty and missing mean none."""
-    return frame["error"].astype(object).fillna("").astype(str) != ""
-
-
 def _stats(errors: pd.Series) -> tuple[float, float, int]:
     errors = errors.dropna().abs()
     return (float(errors.median()), float(errors.max()), len(errors)) if len(errors) else (math.nan, math.nan, 0)
@@ -525,10 +522,14 @@ def repeatability(frame: pd.DataFrame) -> list[tuple[str, int, tuple[float, floa
     return found
 
 
-def summary_lines(frame: pd.DataFrame, steadiness=None) -> list[str]:
-    """The study's verdict: step time, speedup and staleness errors, and the three worst configurations;
+def summary_lines(frame: pd.DataFrame, steadiness=None, default_keys: set | None = None,
+                  wall_seconds: float | None = None) -> list[str]:
+    """The study's figures: step time, speedup and staleness errors, and the three worst configurations;
     with ``steadiness`` (real.testbed.steadiness.Steadiness, timed at the study's start), how steady the
-    machine's own speed was: the floor under every row's error that no model removes."""
+    machine's own speed was: the floor under every row's error that no model removes. Then the verdict on
+    the targets (studies.verdict), which ``steadiness``, ``default_keys`` (the full default grid's
+    configurations) and ``wall_seconds`` (the grid's wall time) decide whether the run can give, and
+    the errors by scheme and link rate."""
     from syncsim.units import parse_bandwidth
 
     ok = frame[~failed(frame)]
@@ -588,6 +589,10 @@ def summary_lines(frame: pd.DataFrame, steadiness=None) -> list[str]:
                        f"{r['measured_step_time'] * 1e3:.1f} ms ({r['rel_error']:+.1%})")
     if failed(frame).any():
         lines.append(f"{int(failed(frame).sum())} configurations failed (their rows say why)")
+    lines += verdict_lines(frame, steadiness, default_keys, KEY, wall_seconds)
+    table = error_table(frame)
+    if table:
+        lines += ["step time |error| by scheme and link rate (median / max (rows)):"] + table
     return lines
 
 
@@ -781,7 +786,9 @@ def main(argv: list[str] | None = None) -> int:
     frame = pd.read_csv(csv, keep_default_na=False, na_values=[""]) if rows else pd.DataFrame(columns=COLUMNS)
     frame = frame[[tuple(r) in wanted for r in frame[list(KEY)].itertuples(index=False, name=None)]]
     figure = plot(csv, args.out)
-    for line in summary_lines(frame, steadiness):
+    # the grid's own wall time: every row's (calibration, prediction, run) and the steadiness timing
+    wall = float(frame["wall_time"].sum()) + (len(steadiness.step_times) * steadiness.window if steadiness else 0.0)
+    for line in summary_lines(frame, steadiness, default_keys={c.key for c in grid()}, wall_seconds=wall):
         print(f"studies.validation: {line}")
     print(f"studies.validation: wrote {csv} and {figure} ({len(todo)} runs in "
           f"{time.perf_counter() - started:.0f} s)")
