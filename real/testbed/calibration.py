@@ -73,9 +73,14 @@ IDLE_GAPS, IDLE_STEPS = (2e-3, 8e-3, 30e-3), 15
 SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
 BURSTS_FOR_RATE = 2  # messages this many tbf buckets long or more time the link's sustained rate
 RATE_WINDOW = 4.0  # given the run's message size, the line is fitted through probe messages within this factor of it
-# The runs' own all-reduce sizes are timed AT_REPEATS times each, every one after a busy rest as a step's
-# compute precedes its collective; their mean with AT_TRIM of each end cut off is the time at that size.
-AT_REPEATS, AT_TRIM = 20, 0.1
+# The runs' own all-reduce sizes are timed after a busy rest each, as a step's compute precedes its
+# collective: AT_REPEATS times at least, and as often as AT_SECONDS of them take (at most AT_MAX_REPEATS);
+# their mean with AT_TRIM of each end cut off is the time at that size. The tail is the collective's own:
+# a two-host 407 kB all-reduce at 1 Gbit/s timed 290 times ran a median 2.77 ms, p90 5.57 ms and a mean
+# 3.45 ms, where the 20 timings and 10 % trim of each end this probe took before made 3.12 ms on average
+# (sd 0.27 ms over resamples): a one-signed 10 % short, which every all-reducing row's prediction carried.
+# 1 % still drops a lone stall of the shared machine among the hundred-odd timings of a fast collective.
+AT_REPEATS, AT_SECONDS, AT_MAX_REPEATS, AT_TRIM = 20, 1.0, 200, 0.01
 # The sharing probe's second transfer starts these fractions of a lone transfer after the first: at once (a
 # synchronous round's pulls) and part-way through (a push arriving while another is on the link).
 SHARING_OFFSETS = (0.0, 0.25, 0.5)
@@ -112,8 +117,9 @@ def at_size_time(timings: list[float]) -> float:
     AT_TRIM of each end cut off. A step time is a mean, and so is what a collective adds to it, tail
     included: on this machine gloo's small all-reduces are bimodal (over loopback a 200 kB fp16
     all-reduce between two ranks took about 0.5-1 ms, or 4-6 ms in a quarter to a third of them, with
-    no shaper), which a median leaves out; the trim drops the rarer stalls of the shared machine (one
-    72 ms timing among 2 ms ones)."""
+    no shaper), which a median leaves out, and a trim of a tenth of each end cut a sixth of the mean
+    (see AT_TRIM); the 1 % trim drops a lone stall of the shared machine (one 72 ms timing among a
+    hundred 2 ms ones)."""
     if not timings:
         raise ValueError("at_size_time needs at least one timing")
     cut = int(AT_TRIM * len(timings))  # timings cut off each end
@@ -137,7 +143,7 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     schemes send, and a cached sweep that lacks one asked for is measured again.
 
     ``now`` are a run's own all-reduces, (bytes, precision) as wire_bytes gives them, timed at every call
-    and never cached, AT_REPEATS times each after busy rests; fit_links takes a collective's time at the
+    and never cached, at_repeats times each after busy rests; fit_links takes a collective's time at the
     run's size from those timings. Called in the minute before the run, they time its collective as the
     machine is then: on this 2-core machine a collective that the cores rather than the shaper pace
     drifts with the machine's load by more than any model's error (at 1 Gbit/s the same two-host 407 kB
@@ -502,6 +508,15 @@ def interleaved(rounds: list[int], time_once) -> list[list[float]]:
     return times
 
 
+def at_repeats(first: float) -> int:
+    """How many times to time a run's own collective whose first timing took ``first`` seconds: as many as
+    AT_SECONDS hold, within [AT_REPEATS, AT_MAX_REPEATS] (a fast collective's tail needs many timings to
+    weigh in its mean; a slow one's thirty seconds would stretch the grid)."""
+    if not first > 0:
+        return AT_REPEATS
+    return int(min(AT_MAX_REPEATS, max(AT_REPEATS, math.ceil(AT_SECONDS / first))))
+
+
 def _busy(seconds: float) -> None:
     """Keep this rank's core busy with arithmetic for ``seconds``, as a step's compute does before its
     collective (a sleeping rank's threads wake slower: see at_size_time and the idle cost)."""
@@ -516,7 +531,7 @@ def _busy(seconds: float) -> None:
 def _probe_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], sweep_sizes: bool = True,
                 precisions: tuple[str, ...] = tuple(WIRE)) -> None:
     """Ping-pong (ranks 0 and 1, fp32) and all-reduce (every rank, at each of ``precisions``) over SWEEP,
-    then the all-reduces of ``at`` ((bytes, precision): the runs' own sizes) AT_REPEATS times each, each
+    then the all-reduces of ``at`` ((bytes, precision): the runs' own sizes) at_repeats times each, each
     after ``idle`` seconds of _busy; ``sweep_sizes`` False times only ``at``."""
     import torch
     import torch.distributed as dist
@@ -550,8 +565,12 @@ def _probe_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], 
         result["allreduce"] = result["allreduce_fp32"]
     bufs = [torch.zeros(size // getattr(torch, WIRE[precision]).itemsize, dtype=getattr(torch, WIRE[precision]))
             for size, precision in at]
-    times = interleaved([AT_REPEATS] * len(at), lambda k: _timed_once(lambda: dist.all_reduce(bufs[k]), idle,
-                                                                      from_last=True, rest=_busy))
+
+    def at_once(k: int) -> float:
+        return _timed_once(lambda: dist.all_reduce(bufs[k]), idle, from_last=True, rest=_busy)
+
+    # one round of each sets how many it gets (at_repeats): the ranks agree, as every round's time is their max
+    times = interleaved([at_repeats(at_once(k)) for k in range(len(at))], at_once)
     result["at_size"] = [[size, precision, t] for (size, precision), t in zip(at, times)]
     if rank == 0:
         write_atomic(out, json.dumps(result))

@@ -14,9 +14,13 @@ import pytest
 
 from real.models import build
 from real.testbed.calibration import (
+    AT_MAX_REPEATS,
     AT_REPEATS,
+    AT_SECONDS,
+    AT_TRIM,
     RATE_WINDOW,
     SHARING_OFFSETS,
+    at_repeats,
     at_size_time,
     fit_links,
     fit_sharing,
@@ -167,15 +171,15 @@ def test_a_collective_timed_at_the_run_s_size_passes_through_the_trimmed_mean_of
     # Basis: a step time is a mean over steps, so the time a collective adds to it is its expectation,
     # tail included; on this machine small gloo all-reduces are bimodal (most near one time, a quarter to
     # a third some milliseconds longer), and the sweep's medians and Theil-Sen line stand for the main
-    # mode only. The probe times the run's own size AT_REPEATS times: the fit's closed form must pass
-    # through the mean of those timings with int(AT_TRIM n) cut off each end (here 2 of 20: the 72 ms
-    # stall and the shortest), whatever the sweep's line says.
+    # mode only. The probe times the run's own size at_repeats times: the fit's closed form must pass
+    # through the mean of those timings with int(AT_TRIM n) cut off each end (here 1 of 100: the 72 ms
+    # stall and one of the shortest), whatever the sweep's line says.
     p, alpha, rate, burst, launch = 4, 300e-6, 110e6, 125_000, 2e-3
     probe = _clean_probe(p, alpha, rate, burst, launch)
     message = 407_080
-    timings = [6e-3] * 13 + [10e-3] * 6 + [72e-3]
-    assert len(timings) == AT_REPEATS
-    expected = (11 * 6e-3 + 5 * 10e-3) / 16  # sorted, two cut off each end
+    timings = [6e-3] * 65 + [10e-3] * 34 + [72e-3]
+    assert int(AT_TRIM * len(timings)) == 1
+    expected = (64 * 6e-3 + 34 * 10e-3) / 98  # sorted, one cut off each end: the tail of 10 ms ones kept
     assert at_size_time(timings) == pytest.approx(expected, rel=1e-12)
     assert at_size_time(timings) > float(np.median(timings))  # the tail counts; a median leaves it out
     probe["at_size"] = [[wire_bytes(message, "fp32"), "fp32", timings], [2**20, "fp32", [1.0] * 20]]
@@ -202,6 +206,14 @@ def test_a_collective_timed_at_the_run_s_size_passes_through_the_trimmed_mean_of
     assert fit["launch"] == 0.0
     closed_form = 2 * (p - 1) * fit["alpha"] + max(0.0, sent * message - burst) / fit["bandwidth"]
     assert closed_form == pytest.approx(2e-3, rel=1e-9)
+
+
+def test_a_run_s_own_collective_is_timed_as_often_as_its_seconds_allow_within_the_bounds():
+    # enough timings of a fast collective for its tail to weigh in the mean; a slow one keeps the minimum
+    assert at_repeats(2e-3) == min(AT_MAX_REPEATS, math.ceil(AT_SECONDS / 2e-3)) == 200
+    assert at_repeats(AT_SECONDS / 37.5) == 38
+    assert at_repeats(0.07) == AT_REPEATS == at_repeats(5.0)
+    assert at_repeats(0.0) == AT_REPEATS  # a clock that did not move: the minimum, not a division by zero
 
 
 def test_an_all_reducing_run_has_its_own_all_reduce_timed_at_its_wire_size_and_no_other_run_any():
