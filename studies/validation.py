@@ -75,7 +75,8 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "predicted_staleness_mean", "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max",
            "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
            "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
-           "slow_forward", "link_at_size", "replayed_step_time", "replayed_error", "wall_time", "error")
+           "server_service", "slow_forward", "link_at_size", "replayed_step_time", "replayed_error", "wall_time",
+           "error")
 
 
 def is_baseline(scheme, world, slow):
@@ -225,7 +226,15 @@ def quick_grid(slow: float = SLOW) -> list[Config]:
 # -- one configuration ---------------------------------------------------------------
 def calibrate(config: Config, args: argparse.Namespace):
     """The Cluster and Workload that describe ``config`` on this machine, and the measured values."""
-    from real.testbed.calibration import at_size_time, measure_compute, measure_link, measure_sharing, slug
+    from real.testbed.calibration import (
+        at_size_time,
+        measure_compute,
+        measure_link,
+        measure_sharing,
+        slug,
+        wire_bytes,
+    )
+    from real.testbed.server_probe import fit_service, measure_server
     from syncsim import Cluster, Link, Workload
     from syncsim.schemes import parse
 
@@ -263,11 +272,19 @@ def calibrate(config: Config, args: argparse.Namespace):
                                   args.repeats)
     server_link = Link(bandwidth=fits["pingpong"]["bandwidth"], latency=fits["pingpong"]["alpha"], burst=burst,
                        newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"])
+    # What the server's protocol adds to each push and pull beyond that link (real.testbed.server_probe):
+    # timed at the run's payload with one worker and no model, and fitted to the simulator's own price.
+    service = 0.0
+    if config.servers:
+        size = wire_bytes(message, spec.precision)
+        timed = measure_server(config.bandwidth, folder, size, spec.precision, args.prefix)
+        service = fit_service(timed, fits["pingpong"]["alpha"], fits["pingpong"]["bandwidth"], burst, size)
     speed = None
     if config.slow > 1:  # the slowed worker computes for as long as the probe's slowed rank did: slow_speed
         speed = (1.0,) * (config.world - 1) + (slow_speed(compute),)
     cluster = Cluster.homogeneous(gpus=config.world, link=link, servers=config.servers,
-                                  server_link=server_link if config.servers else None, speed=speed,
+                                  server_link=server_link if config.servers else None, server_service=service,
+                                  speed=speed,
                                   jitter=compute["jitter"], collective_latency=sent["launch"], name="testbed")
     workload = Workload(param_bytes=sum(compute["layers"]), layers=tuple(compute["layers"]),
                         compute_time=compute["compute_time"], batch_size=args.batch_size,
@@ -277,7 +294,7 @@ def calibrate(config: Config, args: argparse.Namespace):
               "link_alpha": link.latency, "link_launch": cluster.collective_latency,
               "server_bandwidth": server_link.bandwidth,
               "server_alpha": server_link.latency, "server_newcomer_weight": server_link.newcomer_weight,
-              "server_sharing_spread": server_link.sharing_spread,
+              "server_sharing_spread": server_link.sharing_spread, "server_service": service,
               # the forward the probe's slowed rank sized its sleep from, which the run is given (measure)
               "slow_forward": compute["slow_forward"] if config.slow > 1 else math.nan,
               # the run's all-reduce as timed just before it (the trimmed mean the collective's form passes through)

@@ -133,6 +133,10 @@ class Cluster(ConfigFile):
     """Pipeline granularity of multi-phase collectives (NCCL_BUFFSIZE)."""
     servers: int = 0
     server_link: Link | None = None
+    server_service: float | str = 0.0
+    """Seconds a parameter-server host adds to each push it takes in and each pull it answers, beyond
+    its link's latency and rate: its own work per request (a thread waking, the shard copied, the update
+    applied). Measured on the testbed by ``real.testbed.server_probe``; 0 by default."""
     speed: tuple[float, ...] | None = None
     """Per-GPU speed factors (1.0 = nominal; 0.5 = computes twice as long); length = gpus."""
     jitter: float = 0.0
@@ -156,6 +160,8 @@ class Cluster(ConfigFile):
                            check_float(owner, "oversubscription", self.oversubscription, low=1.0))
         launch = parse_time(self.collective_latency, "Cluster.collective_latency")
         object.__setattr__(self, "collective_latency", check_float(owner, "collective_latency", launch, low=0.0))
+        service = parse_time(self.server_service, "Cluster.server_service")
+        object.__setattr__(self, "server_service", check_float(owner, "server_service", service, low=0.0))
         chunk = parse_size(self.chunk_bytes, "Cluster.chunk_bytes")
         object.__setattr__(self, "chunk_bytes", check_float(owner, "chunk_bytes", chunk, low=1.0))
         intra = _as_link(owner, "intra", self.intra)

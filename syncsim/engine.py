@@ -176,6 +176,8 @@ class _Run:
         if delay > 0:
             yield self.env.timeout(delay)
         yield servers.push(action.nbytes)  # type: ignore[union-attr]
+        if servers.service:  # the server takes the pushed bytes in before it applies them
+            yield self.env.timeout(servers.service)  # type: ignore[union-attr]
         self.recorder.event(w, step, _PUSH, sent, self.env.now, action.nbytes)
         servers.arrive(w, step, self.state.read[w], action.aggregate)  # type: ignore[union-attr]
 
@@ -206,8 +208,9 @@ class _Run:
         start, version = self.env.now, self.state.version
         self.heard[w] = servers.min_clock  # type: ignore[union-attr]  # the reply carries the slowest clock
         yield servers.pull(action.nbytes)  # type: ignore[union-attr]
-        # A pull is a request and a reply: two latencies besides the reply's bytes, both owed.
-        pending[3] = 2 * servers.latency  # type: ignore[union-attr]
+        # A pull is a request and a reply: two latencies besides the reply's bytes, both owed, and the
+        # server's work to answer it.
+        pending[3] = 2 * servers.latency + servers.service  # type: ignore[union-attr]
         self.recorder.event(w, step, _PULL, start, self.env.now + pending[3], action.nbytes)
         self.state.read[w] = version
 

@@ -51,6 +51,7 @@ class ServerGroup:
         self.up = SharedLink(env, net.bandwidth, name="server-out", rng=np.random.default_rng([seed, _OUT]),
                              **shaping)  # type: ignore[arg-type]
         self.latency = float(net.latency)  # type: ignore[arg-type]
+        self.service = float(cluster.server_service)  # type: ignore[arg-type]  # per push taken in, per pull answered
         self.recorder = recorder
         self.state = state
         self.clock = [0] * self.workers

@@ -172,3 +172,26 @@ def test_a_sharing_spread_draws_from_the_runs_seed():
     assert not np.allclose(pushes(1), pushes(2))
     with pytest.raises(ValueError, match="Link.sharing_spread"):
         Link(1e8, sharing_spread=-0.1)
+
+
+# Basis: the server's own time per request (Cluster.server_service, s) is charged once to each push, before
+# the server applies it, and once to each pull's answer (syncsim.engine). A synchronous round is the pushes,
+# the round closing on the last arrival, then the pulls: every arrival and every pull's end moves by s and
+# nothing else changes (without jitter the workers are identical), so each step grows by exactly 2s, with
+# any number of workers and servers sharing the links.
+@given(st.integers(1, 8), st.integers(1, 3), st.floats(1e4, 1e7), st.floats(1e6, 1e9), st.floats(0, 1e-4),
+       st.floats(1e-6, 1e-2))
+def test_the_server_s_time_per_request_adds_one_to_each_push_and_each_pull(p, k, n, bandwidth, alpha, service):
+    workload = Workload(n, 0.01)
+    plain = simulate(ps_cluster(p, k, bandwidth, bandwidth, alpha), workload, "ps", steps=6)
+    served = simulate(ps_cluster(p, k, bandwidth, bandwidth, alpha, server_service=service), workload, "ps", steps=6)
+    assert served.step_time == pytest.approx(plain.step_time + 2 * service, rel=1e-9, abs=1e-12)
+    # and the update order is the same: the service delays every arrival alike
+    order = ["worker", "step", "version_read", "version_applied", "staleness"]
+    pd.testing.assert_frame_equal(served.updates[order], plain.updates[order])
+
+
+def test_the_server_s_time_per_request_is_a_time_and_not_negative():
+    assert Cluster.homogeneous(1, Link(1e9), servers=1, server_service="250us").server_service == pytest.approx(250e-6)
+    with pytest.raises(ValueError, match="server_service"):
+        Cluster.homogeneous(1, Link(1e9), servers=1, server_service=-1e-3)

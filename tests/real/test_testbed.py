@@ -14,6 +14,7 @@ from real.config import RunConfig
 from real.testbed import Testbed, TestbedConfig, run
 from real.testbed.calibration import SHARING_OFFSETS, measure_sharing
 from real.testbed.namespaces import NETNS_ETC, namespaces
+from real.testbed.server_probe import fit_service, measure_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "sstbtest"  # distinct from the CLI's default, so a test never removes a user's leftovers
@@ -222,3 +223,18 @@ def test_cli_rejects_bad_options_before_building_anything():
     proc = subprocess.run([sys.executable, "-m", "real.testbed", "--", "--world", "0"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "RunConfig.world" in proc.stderr
+
+
+@pytest.mark.testbed
+def test_the_server_probe_times_one_worker_s_requests_no_faster_than_the_link_carries_them(tmp_path):
+    # One worker and one server at 25 MB/s: a push-and-wait and a pull of n bytes each move n bytes
+    # through the shaper, so neither is done before (n - b)/B (b its bucket). The fitted time per request
+    # is not negative, and the probe is cached: asked again, nothing runs (no namespaces are left either).
+    size, rate = 200_000, 25e6
+    burst = TestbedConfig(hosts=2, bandwidth="200Mbit/s").burst
+    got = measure_server("200Mbit/s", tmp_path, size, "fp32", prefix=PREFIX, repeats=2)
+    assert len(got["push_wait"]) == len(got["pull"]) == 2
+    assert all(t >= (size - burst) / rate for t in got["push_wait"] + got["pull"]), got
+    assert fit_service(got, 3e-4, 23.9e6, burst, size) >= 0
+    assert measure_server("200Mbit/s", tmp_path, size, "fp32", prefix=PREFIX, repeats=2) == got
+    assert namespaces(PREFIX) == []

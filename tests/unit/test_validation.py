@@ -558,6 +558,7 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     monkeypatch.setattr("real.testbed.calibration.measure_link", measure_link)
     monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
     monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
+    monkeypatch.setattr("real.testbed.server_probe.measure_server", lambda *a, **k: {"push_wait": [1.0], "pull": [1.0]})
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     for scheme, world, hosts, launch in (("allreduce", 4, 4, 3e-3), ("localsgd:period=4", 2, 2, 3e-3),
                                          ("allreduce", 1, 2, 3e-3), ("ps:mode=async", 4, 2, 0.0)):
@@ -906,3 +907,27 @@ def test_the_model_measured_against_itself_replays_to_no_error():
     alone = Cluster(nodes=1, jitter=0.3)
     one = simulate(alone, workload, "allreduce", steps=10)
     assert math.isnan(validation.replay(alone, workload, parse("allreduce"), one.trace, 10, 1))
+
+
+def test_a_parameter_server_row_gets_the_server_s_own_time_per_request_from_its_probe(monkeypatch, tmp_path):
+    # The server probe times one worker's push-and-wait and pull at the run's payload; the simulator is given
+    # the per-request time that makes its own price of the two equal to their means (server_probe.fit_service).
+    # Here the timings are made from that price plus a known 0.8 ms per request, so it is recovered exactly.
+    _fake_links(monkeypatch)  # every link 5 MB/s, 0.1 ms; bucket 15 kB
+    monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
+    monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
+    asked = []
+    alpha, rate, burst, service = 1e-4, 5e6, 15_000, 0.8e-3
+
+    def measure_server(bandwidth, folder, size, precision, prefix):
+        asked.append((bandwidth, size, precision))
+        wire = (size - burst) / rate
+        return {"push_wait": [3 * alpha + wire + service] * 3, "pull": [2 * alpha + wire + service] * 3}
+
+    monkeypatch.setattr("real.testbed.server_probe.measure_server", measure_server)
+    args = validation.parse_args(["--out", str(tmp_path / "v")])
+    cluster, _, values = validation.calibrate(validation.Config("ps:mode=async", 2, "50Mbit/s", "mlp"), args)
+    assert asked == [("50Mbit/s", wire_bytes(validation.model_bytes("mlp"), "fp32"), "fp32")]  # the run's payload
+    assert cluster.server_service == values["server_service"] == pytest.approx(service, rel=1e-9)
+    cluster, _, values = validation.calibrate(validation.Config("allreduce", 2, "50Mbit/s", "mlp"), args)
+    assert len(asked) == 1 and cluster.server_service == values["server_service"] == 0.0  # no server, no probe
