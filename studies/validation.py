@@ -7,7 +7,9 @@ For each configuration (scheme, workers, link rate, model, one slowed worker or 
    the run has workers, a ping-pong between two); compute time, its jitter and the backward's share timed
    with as many processes computing at once as the configuration has ranks; for a parameter server
    with several workers, how two colliding transfers of the gradient split a host's shaper, timed
-   on a 3-host testbed (the server NIC's newcomer weight and sharing spread, syncsim.network);
+   on a 3-host testbed (the server NIC's newcomer weight and sharing spread, syncsim.network); and for
+   any parameter server, its own time per push and pull beyond its link, timed with one worker and no
+   model (real.testbed.server_probe, Cluster.server_service);
 2. predict: ``simulate`` on that Cluster and Workload, the slowed worker as its speed factor, every
    all-reduce a ring as gloo runs it (as_run_on_gloo);
 3. measure: the executor runs the scheme for real on a testbed of world + servers hosts (a slowed worker
@@ -284,8 +286,8 @@ def calibrate(config: Config, args: argparse.Namespace):
         speed = (1.0,) * (config.world - 1) + (slow_speed(compute),)
     cluster = Cluster.homogeneous(gpus=config.world, link=link, servers=config.servers,
                                   server_link=server_link if config.servers else None, server_service=service,
-                                  speed=speed,
-                                  jitter=compute["jitter"], collective_latency=sent["launch"], name="testbed")
+                                  speed=speed, jitter=compute["jitter"], collective_latency=sent["launch"],
+                                  name="testbed")
     workload = Workload(param_bytes=sum(compute["layers"]), layers=tuple(compute["layers"]),
                         compute_time=compute["compute_time"], batch_size=args.batch_size,
                         backward_fraction=compute["backward_fraction"], idle_cost=compute["idle_cost"],

@@ -5,9 +5,9 @@ protocol (real.server): a header, then the payload, received by the server's per
 receive posted in advance, copied, applied under a lock, and answered (a clock wait by a wake-up; a
 pull by the slowest clock, then the shard, copied to the wire format). On the testbed, one worker and
 one server with a 407 kB flat tensor and nothing else in either process took longer than the
-ping-pong fit prices the same bytes: push and wait together 0.6-1.4 ms more, a pull about 0.3 ms more
-(50 Mbit/s to 1 Gbit/s). Those milliseconds were the one-worker parameter-server rows' whole error
-(-3 % to -9 %, always under-predicted).
+ping-pong fit prices the same bytes: a push with its wait 0.5-1.1 ms more, a pull about 0.3 ms more
+(1 Gbit/s to 50 Mbit/s). Those milliseconds were most of the one-worker parameter-server rows' error
+(-2 % to -9 %, always under-predicted; -2 % to +2 % once the simulator was given them).
 
 ``measure_server`` times that protocol on a 2-host testbed (rank 0 a ``Client``, rank 1 a ``Server``,
 the payload at the run's size and wire precision), each push-and-wait and each pull after the links
