@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from studies.verdict import error_table, failed, verdict_lines
+from studies.verdict import abs_stats, error_table, failed, verdict_lines
 
 __all__ = ["Config", "grid", "quick_grid", "main", "summary_lines", "plot", "COLUMNS"]
 
@@ -513,11 +513,6 @@ def derive(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _stats(errors: pd.Series) -> tuple[float, float, int]:
-    errors = errors.dropna().abs()
-    return (float(errors.median()), float(errors.max()), len(errors)) if len(errors) else (math.nan, math.nan, 0)
-
-
 def _recorded(frame: pd.DataFrame, column: str) -> pd.Series:
     """``column``'s values where rows have one; empty for a table written before the study recorded it."""
     return frame[column].dropna() if column in frame else pd.Series(dtype=float)
@@ -553,7 +548,7 @@ def summary_lines(frame: pd.DataFrame, steadiness=None, default_keys: set | None
 
     ok = frame[~failed(frame)]
     lines = []
-    med, top, n = _stats(ok["rel_error"])
+    med, top, n = abs_stats(ok["rel_error"])
     lines.append(f"step time: median |error| {med:.1%}, max {top:.1%} over {n} configurations")
     if n:  # how many meet the targets' bounds, and where the misses are: by link rate, slowest first
         errors = ok["rel_error"].abs()
@@ -562,10 +557,10 @@ def summary_lines(frame: pd.DataFrame, steadiness=None, default_keys: set | None
         lines.append(f"step time: {int((errors <= 0.10).sum())} configurations within 10%, "
                      f"{int((errors <= 0.15).sum())} within 15%; median |error| by link "
                      + ", ".join(f"{rate} {median:.1%}" for _, rate, median in by_link))
-    med, top, n = _stats(ok["speedup_error"])
+    med, top, n = abs_stats(ok["speedup_error"])
     lines.append(f"speedup: median |error| {med:.1%}, max {top:.1%} over {n} configurations "
                  "(the one-worker baselines, the denominator, left out)")
-    med, top, n = _stats(ok["staleness_mean_error"])
+    med, top, n = abs_stats(ok["staleness_mean_error"])
     if n:
         distance = ok.loc[ok["staleness_mean_error"].notna(), "staleness_distance"].median()
         within = int((ok["staleness_mean_error"].abs() <= 0.20).sum())
@@ -592,7 +587,7 @@ def summary_lines(frame: pd.DataFrame, steadiness=None, default_keys: set | None
                      f"(at most {int(lossy.max())} in one): steps there include TCP's recoveries")
     replayed = _recorded(ok, "replayed_error")
     if len(replayed):
-        med, top, n = _stats(replayed)
+        med, top, n = abs_stats(replayed)
         lines.append(f"replayed (each run's own compute phases in the simulator, a diagnostic, not a prediction): "
                      f"median |error| {med:.1%}, max {top:.1%} over {n} configurations: what the model "
                      "misses besides compute")

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-__all__ = ["Target", "TARGETS", "STEADY_SHARE", "MISS", "failed", "judgeable", "verdict_lines", "sign_test",
-           "error_table"]
+__all__ = ["Target", "TARGETS", "STEADY_SHARE", "MISS", "abs_stats", "failed", "judgeable", "verdict_lines",
+           "sign_test", "error_table"]
 
 STEADY_SHARE = 0.05
 """A machine is steady when fewer than this share of its steadiness windows changed speed by more than
@@ -32,6 +32,12 @@ floor is 2 % and whose pairs never moved by 15 % still showed nine rows beyond 1
 MISS = 0.10  # a step-time row beyond this |error| is a miss; their signs are tested for a bias
 SIGN_LEVEL = 0.05  # a two-sided sign test below this level calls the misses one-signed: a bias
 GRID_SECONDS = 30 * 60.0  # the default grid's wall time bound
+
+
+def abs_stats(errors: pd.Series) -> tuple[float, float, int]:
+    """Median and max of the |values| that are not NaN, and how many there are; NaNs and 0 when none."""
+    errors = errors.dropna().abs()
+    return (float(errors.median()), float(errors.max()), len(errors)) if len(errors) else (math.nan, math.nan, 0)
 
 
 @dataclass(frozen=True)
@@ -44,10 +50,8 @@ class Target:
     bound: float
 
     def value(self, frame: pd.DataFrame) -> float:
-        values = frame[self.column].dropna().abs() if self.column in frame else pd.Series(dtype=float)
-        if not len(values):
-            return math.nan
-        return float(values.median() if self.statistic == "median" else values.max())
+        median, top, _ = abs_stats(frame[self.column] if self.column in frame else pd.Series(dtype=float))
+        return median if self.statistic == "median" else top
 
 
 TARGETS = (
