@@ -2,29 +2,24 @@
 
 import pytest
 
-from real.testbed.server_probe import fit_service
-from syncsim import Cluster, Link, Workload, simulate
+from real.testbed.server_probe import fit_service, simulated_requests
 
 
-def test_the_fit_recovers_a_known_time_per_request_from_the_simulator_s_own_one_worker_run():
-    # Independent of fit_service's closed form: the timings are the simulator's own push-and-wait and pull
-    # of one worker on a bucketed link with a known service; the fit must give that service back.
+def test_the_simulator_prices_one_worker_s_requests_by_their_closed_form_and_the_fit_inverts_it():
+    # Basis (syncsim.engine): a push waits alpha, then its bytes less the bucket pass at B; the clock wait
+    # that follows is a request and an answer, 2 alpha; a pull is 2 alpha besides its bytes. The server's
+    # time per request adds once to each. The fit, given timings of that closed form plus a known service,
+    # must give the service back.
     alpha, rate, burst, size, service = 1.5e-4, 23.8e6, 25_000.0, 407_080.0, 0.7e-3
-    link = Link(rate, alpha, burst=burst)
-    cluster = Cluster.homogeneous(1, link, servers=1, server_link=link, server_service=service)
-    trace = simulate(cluster, Workload(size, 0.02, batch_size=32), "ps", steps=4).trace
-    kinds = trace[trace["step"] == 2].set_index("kind")
-    push_wait = kinds.loc["wait", "end"] - kinds.loc["push", "start"]
-    pull = kinds.loc["pull", "end"] - kinds.loc["pull", "start"]
-    timings = {"push_wait": [push_wait], "pull": [pull]}
+    wire = (size - burst) / rate
+    assert simulated_requests(alpha, rate, burst, size) == pytest.approx((3 * alpha + wire, 2 * alpha + wire),
+                                                                        rel=1e-9)
+    assert simulated_requests(alpha, rate, burst, size, service) == pytest.approx(
+        (3 * alpha + wire + service, 2 * alpha + wire + service), rel=1e-9)
+    timings = {"push_wait": [3 * alpha + wire + service] * 2, "pull": [2 * alpha + wire + service] * 2}
     assert fit_service(timings, alpha, rate, burst, size) == pytest.approx(service, rel=1e-9)
-    # with no service the same run fits none
-    plain = Cluster.homogeneous(1, link, servers=1, server_link=link)
-    trace = simulate(plain, Workload(size, 0.02, batch_size=32), "ps", steps=4).trace
-    kinds = trace[trace["step"] == 2].set_index("kind")
-    timings = {"push_wait": [kinds.loc["wait", "end"] - kinds.loc["push", "start"]],
-               "pull": [kinds.loc["pull", "end"] - kinds.loc["pull", "start"]]}
-    assert fit_service(timings, alpha, rate, burst, size) == pytest.approx(0.0, abs=1e-12)
+    plain = {"push_wait": [3 * alpha + wire], "pull": [2 * alpha + wire]}
+    assert fit_service(plain, alpha, rate, burst, size) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_a_server_faster_than_its_link_s_price_fits_no_negative_time_and_missing_timings_are_refused():
