@@ -20,6 +20,7 @@ it out (the default, no cost).
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -41,7 +42,7 @@ DEFAULT_BACKWARD_FRACTION = 2.0 / 3.0
 @dataclass(frozen=True)
 class Workload(ConfigFile):
     json_key: ClassVar[str] = "workload"
-    tuple_fields: ClassVar[tuple[str, ...]] = ("layers",)
+    tuple_fields: ClassVar[tuple[str, ...]] = ("layers", "shapes")
 
     param_bytes: float | str
     """Bytes of parameters (fp32 master copy) = bytes of one full gradient."""
@@ -56,10 +57,15 @@ class Workload(ConfigFile):
     """(idle seconds, extra compute seconds) points, idle strictly increasing: a step that starts after its
     worker idled g seconds (waiting for servers, not in a collective) computes ``idle_extra(g)`` longer
     (linear from (0, 0) through the points, the last point's extra beyond it). Empty: no cost."""
+    shapes: tuple[tuple[int, ...], ...] | None = None
+    """Shape of each parameter tensor, forward order (what low-rank compression needs: PowerSGD
+    compresses tensors of two or more dimensions as rows = shape[0] by the rest); their values × 4
+    bytes must sum to ``param_bytes``. None: unknown (syncsim.schemes.allreduce.default_shapes assumes square-ish matrices)."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
         owner = "Workload"
+        object.__setattr__(self, "shapes", _check_shapes(self.shapes))
         layers = self.layers
         if layers is not None:
             if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
@@ -86,6 +92,11 @@ class Workload(ConfigFile):
         object.__setattr__(self, "backward_fraction",
                            check_float(owner, "backward_fraction", self.backward_fraction, low=0.0, high=1.0))
         object.__setattr__(self, "idle_cost", _check_idle_cost(self.idle_cost))
+        if self.shapes is not None:
+            values = sum(math.prod(shape) for shape in self.shapes)
+            if values * FP32_BYTES != param_bytes:
+                raise ValueError(f"Workload.shapes hold {values:,} values ({values * FP32_BYTES:,} bytes) but "
+                                 f"param_bytes is {param_bytes:g}")
 
     def idle_extra(self, idle: float) -> float:
         """Extra compute seconds of a step that starts after its worker idled ``idle`` seconds (idle_cost)."""
@@ -160,6 +171,25 @@ class Workload(ConfigFile):
 A100_PEAK_FLOPS = 312e12
 
 
+def _check_shapes(shapes: Any) -> tuple[tuple[int, ...], ...] | None:
+    if shapes is None:
+        return None
+    if isinstance(shapes, (str, bytes)) or not hasattr(shapes, "__iter__"):
+        raise ValueError(f"Workload.shapes must be a sequence of tensor shapes (sequences of positive "
+                         f"integers), got {shapes!r}")
+    checked = []
+    for i, shape in enumerate(shapes):
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__") or not len(shape):
+            raise ValueError(f"Workload.shapes[{i}] must be a non-empty sequence of positive integers, got {shape!r}")
+        dims = tuple(shape)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+            raise ValueError(f"Workload.shapes[{i}] must hold positive integers, got {shape!r}")
+        checked.append(dims)
+    if not checked:
+        raise ValueError("Workload.shapes must name at least one tensor, got ()")
+    return tuple(checked)
+
+
 def _check_idle_cost(points: Any) -> tuple[tuple[float, float], ...]:
     if isinstance(points, (str, bytes)) or not hasattr(points, "__iter__"):
         raise ValueError(f"Workload.idle_cost must be a sequence of (idle seconds, extra seconds) pairs, "
@@ -198,6 +228,10 @@ def _conv_layers() -> tuple[float, ...]:
     return tuple(float(FP32_BYTES * p) for p in params)
 
 
+# The same LeNet's tensors (torch's layout: conv weights out × in × kh × kw, linear weights out × in).
+_LENET_SHAPES = ((20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (500, 800), (500,), (10, 500), (10,))
+
+
 # Model FLOP utilisation assumptions: convolutional nets train far below
 # tensor-core peak (batch norm and activations are memory-bound), ~10% on
 # A100, in line with the ~2,600 img/s mixed-precision ResNet-50 throughput
@@ -211,7 +245,8 @@ WORKLOAD_PRESETS: dict[str, dict] = {
     # LeNet: 431,080 parameters (counted above); 2.3 MFLOP forward per 28×28
     # image. Far too small to fill a GPU: a step is bound by ~30 kernel
     # launches at ~10 us each, so 1 ms is the reference step time.
-    "lenet": dict(param_bytes=sum(_conv_layers()), layers=_conv_layers(), compute_time=1e-3, batch_size=64),
+    "lenet": dict(param_bytes=sum(_conv_layers()), layers=_conv_layers(), shapes=_LENET_SHAPES,
+                  compute_time=1e-3, batch_size=64),
     # ResNet-50: 25,557,032 parameters and 4.09 GFLOPs forward per 224×224
     # image (torchvision model card, ResNet50_Weights.IMAGENET1K_V1).
     "resnet50": dict(param_bytes=25_557_032 * FP32_BYTES,

@@ -12,18 +12,23 @@ from syncsim.schemes.actions import (
     AverageParameters,
     Compute,
     LocalUpdate,
+    LowRankAllReduce,
+    OuterStep,
     Pull,
     Push,
+    SparseAllGather,
     WaitForClock,
 )
 from syncsim.schemes.allreduce import AllReduce
+from syncsim.schemes.diloco import DiLoCo
 from syncsim.schemes.localsgd import LocalSGD
 from syncsim.schemes.policy import Policy
 from syncsim.schemes.ps import ParameterServer
 from syncsim.schemes.spec import PRECISIONS, SCHEMES, Scheme, parse
+from syncsim.schemes.topk import TopK
 
 __all__ = [
-    "Scheme", "AllReduce", "ParameterServer", "LocalSGD", "parse", "SCHEMES", "PRECISIONS", "Policy",
-    "Action", "Compute", "AllReduceGradients", "LocalUpdate", "AverageParameters", "Push", "WaitForClock", "Pull",
-    "SERVER_ACTIONS",
+    "Scheme", "AllReduce", "ParameterServer", "LocalSGD", "TopK", "DiLoCo", "parse", "SCHEMES", "PRECISIONS",
+    "Policy", "Action", "Compute", "AllReduceGradients", "LocalUpdate", "AverageParameters", "Push", "WaitForClock",
+    "Pull", "LowRankAllReduce", "SparseAllGather", "OuterStep", "SERVER_ACTIONS",
 ]

@@ -32,6 +32,43 @@ Semantics every executor honours:
   never ahead of the servers' (clocks only grow), so the bound is kept.
 - ``Pull``: fetch the current parameters from the servers; the next gradient
   reads the version that was current when the pull started.
+- ``LowRankAllReduce``: PowerSGD (Vogels, Karimireddy & Jaggi 2019, "PowerSGD:
+  Practical Low-Rank Gradient Compression for Distributed Optimization",
+  algorithm 1 with error feedback and warm start), as torch's
+  ``powerSGD_hook`` arranges it: each worker adds its residual to its gradient
+  (Δ = g + e); tensors listed in ``matrices`` (viewed as rows × cols) are
+  compressed, the rest (``uncompressed`` values: tensors too small to gain)
+  are all-reduced as they are. Round one all-reduces the uncompressed values
+  and P = Δ·Q for each matrix (Q: the previous step's,
+  warm start; at the first step a seeded Gaussian shared by all workers,
+  orthonormalised);
+  each worker orthonormalises the mean P (Gram–Schmidt) into P̂; round two
+  all-reduces Q = Δᵀ·P̂. Every replica applies the mean of the uncompressed
+  values and P̂·Qᵀ for each matrix; each worker keeps e = Δ − (what it
+  applied) as its residual. One new version. Numerics: syncsim.compression.
+- ``SparseAllGather``: top-k sparsification with error feedback (Stich,
+  Cordonnier & Jaggi 2018, "Sparsified SGD with Memory"; Lin et al. 2018,
+  "Deep Gradient Compression"): each worker adds its residual to its
+  gradient, sends the ``values`` entries of largest magnitude (ties: the lower
+  index) with their indices, and keeps the rest (and the rounding of what it
+  sent) as its residual. Sparse sets of different workers do not add up in
+  place, so they travel by all-gather: every worker receives every worker's
+  (indices, values) and applies their sum over W as the gradient. One new
+  version.
+- ``OuterStep``: DiLoCo's outer step (Douillard et al. 2023, "DiLoCo:
+  Distributed Low-Communication Training of Language Models"): for the
+  parameter ``fragment`` of ``fragments`` (contiguous, equal slices of the
+  flat parameters in forward order; ``fragments`` > 1 is streaming DiLoCo's
+  staggered schedule, Douillard et al. 2025), the workers all-reduce the mean
+  pseudo-gradient (the fragment's value at the last outer step minus its
+  value now), and every worker applies it to the fragment's last outer value
+  with the outer optimiser (SGD with Nesterov momentum: ``lr``, ``momentum``),
+  then sets its replica's fragment to the result. One new version. With lr 1
+  and no momentum it is parameter averaging of the fragment.
+
+``LocalUpdate.optimizer`` names the worker's own optimiser: "sgd" (SGD with
+the run's learning rate and momentum) or "adamw" (DiLoCo's inner optimiser,
+torch.optim.AdamW with the run's learning rate and torch's defaults).
 """
 
 from __future__ import annotations
@@ -40,8 +77,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "Action", "Compute", "AllReduceGradients", "LocalUpdate", "AverageParameters",
-    "Push", "WaitForClock", "Pull", "SERVER_ACTIONS",
+    "Push", "WaitForClock", "Pull", "LowRankAllReduce", "SparseAllGather", "OuterStep", "SERVER_ACTIONS",
+    "INDEX_BYTES", "LOCAL_OPTIMIZERS",
 ]
+
+# Bytes of one index of a sparse gradient on the wire: int32, enough for 2^31 values per tensor.
+INDEX_BYTES = 4
+LOCAL_OPTIMIZERS = ("sgd", "adamw")
 
 
 @dataclass(frozen=True)
@@ -72,6 +114,8 @@ class AllReduceGradients(Action):
 
 @dataclass(frozen=True)
 class LocalUpdate(Action):
+    optimizer: str = "sgd"
+    """The worker's own optimiser: "sgd" or "adamw" (LOCAL_OPTIMIZERS)."""
     kind = "local_update"
 
 
@@ -99,6 +143,81 @@ class WaitForClock(Action):
 class Pull(Action):
     nbytes: float
     kind = "pull"
+
+
+@dataclass(frozen=True)
+class LowRankAllReduce(Action):
+    rank: int
+    """Columns of P and Q (capped per matrix at min(rows, cols), as torch's hook does)."""
+    matrices: tuple[tuple[int, int], ...]
+    """(rows, cols) of each compressed tensor, in forward order."""
+    uncompressed: int
+    """Values all-reduced as they are (tensors too small to gain)."""
+    value_bytes: int
+    """Bytes per value on the wire (the scheme's precision)."""
+    algorithm: str
+    kind = "allreduce"
+
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(min(self.rank, rows, cols) for rows, cols in self.matrices)
+
+    @property
+    def p_bytes(self) -> float:
+        """Round one: the uncompressed values and every P (rows × rank)."""
+        return float((self.uncompressed + sum(r * rows for r, (rows, _) in zip(self.ranks(), self.matrices)))
+                     * self.value_bytes)
+
+    @property
+    def q_bytes(self) -> float:
+        """Round two: every Q (cols × rank)."""
+        return float(sum(r * cols for r, (_, cols) in zip(self.ranks(), self.matrices)) * self.value_bytes)
+
+    @property
+    def nbytes(self) -> float:
+        return self.p_bytes + self.q_bytes
+
+    @property
+    def flops(self) -> float:
+        """Arithmetic of one worker's step: P = ΔQ, Q = ΔᵀP̂ and P̂Qᵀ (2·rows·cols·rank each) and the
+        Gram–Schmidt of P (2·rows·rank²)."""
+        return float(sum(6 * rows * cols * r + 2 * rows * r * r
+                         for r, (rows, cols) in zip(self.ranks(), self.matrices)))
+
+
+@dataclass(frozen=True)
+class SparseAllGather(Action):
+    values: int
+    """k: entries each worker sends."""
+    size: int
+    """Values of the dense gradient the entries are chosen from."""
+    value_bytes: int
+    """Bytes per value on the wire (the scheme's precision); each index takes INDEX_BYTES."""
+    kind = "allgather"
+
+    @property
+    def nbytes(self) -> float:
+        """Bytes one worker contributes: k values and k indices. It receives W - 1 times that."""
+        return float(self.values * (self.value_bytes + INDEX_BYTES))
+
+
+@dataclass(frozen=True)
+class OuterStep(Action):
+    fragment: int
+    fragments: int
+    start: int
+    """First value of the fragment in the flat parameters."""
+    stop: int
+    """One past its last value."""
+    value_bytes: int
+    algorithm: str
+    lr: float
+    momentum: float
+    kind = "outer"
+
+    @property
+    def nbytes(self) -> float:
+        """The fragment's pseudo-gradient at the wire precision."""
+        return float((self.stop - self.start) * self.value_bytes)
 
 
 # The actions that talk to parameter servers: a plan with any of them needs server hosts (the

@@ -1,4 +1,14 @@
-"""Synchronous data parallelism: all-reduce the gradients every step (DDP)."""
+"""Synchronous data parallelism: all-reduce the gradients every step (DDP), optionally PowerSGD-compressed.
+
+``compression="powersgd"`` all-reduces rank-``rank`` factors instead of the
+gradients (Vogels, Karimireddy & Jaggi 2019), as torch's DDP hook
+``powerSGD_hook`` does (torch.distributed.algorithms.ddp_comm_hooks
+.powerSGD_hook): every tensor is viewed as shape[0] rows by the rest; it is
+compressed when ``min_compression`` × rank·(rows + cols) < rows·cols
+(torch's ``min_compression_rate``, default 2), otherwise all-reduced as it is. The factors are sent after the
+backward pass (no per-bucket overlap: torch's hook compresses per DDP bucket,
+which this simulation does not split).
+"""
 
 from __future__ import annotations
 
@@ -7,14 +17,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from syncsim.collectives import ALGORITHMS
-from syncsim.config import check_bool, check_choice, check_float
+from syncsim.config import check_bool, check_choice, check_float, check_int
 from syncsim.limits import MAX_BUCKETS
-from syncsim.schemes.actions import AllReduceGradients, Compute
+from syncsim.schemes.actions import AllReduceGradients, Compute, LowRankAllReduce
 from syncsim.schemes.policy import Policy
 from syncsim.schemes.spec import Scheme, register
 from syncsim.units import parse_size
 
-__all__ = ["AllReduce", "ALGORITHMS", "DEFAULT_BUCKET_BYTES", "gradient_buckets"]
+__all__ = ["AllReduce", "ALGORITHMS", "COMPRESSIONS", "DEFAULT_BUCKET_BYTES", "gradient_buckets", "matrix_split",
+           "default_shapes"]
+
+COMPRESSIONS = ("none", "powersgd")
 
 # torch DistributedDataParallel's default bucket_cap_mb = 25 (MiB).
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -30,9 +43,23 @@ class AllReduce(Scheme):
     """Gradient bytes (fp32) per bucket; DDP's ``bucket_cap_mb`` in bytes."""
     overlap: bool = True
     """All-reduce each bucket as soon as backward produces it, as DDP does."""
+    compression: str = "none"
+    """"none", or "powersgd": rank-``rank`` low-rank factors with error feedback and warm start."""
+    rank: int = 1
+    """PowerSGD's rank (torch's ``matrix_approximation_rank``, default 1)."""
+    min_compression: float = 2.0
+    """Compress a matrix only when this many times fewer values go on the wire (torch's
+    ``min_compression_rate``, default 2); 0 compresses every matrix, even at full rank."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_choice("AllReduce", "compression", self.compression, COMPRESSIONS)
+        object.__setattr__(self, "rank", check_int("AllReduce", "rank", self.rank, 1))
+        object.__setattr__(self, "min_compression", check_float("AllReduce", "min_compression",
+                                                                self.min_compression, low=0.0))
+        if self.compression == "none" and (self.rank != 1 or self.min_compression != 2.0):
+            raise ValueError(f"AllReduce.rank={self.rank} and min_compression={self.min_compression:g} apply to "
+                             f"compression='powersgd' only, got compression='none'")
         check_choice("AllReduce", "algorithm", self.algorithm, ALGORITHMS)
         bucket = parse_size(self.bucket_bytes, "AllReduce.bucket_bytes")
         object.__setattr__(self, "bucket_bytes", check_float("AllReduce", "bucket_bytes", bucket,
@@ -40,9 +67,19 @@ class AllReduce(Scheme):
         object.__setattr__(self, "overlap", check_bool("AllReduce", "overlap", self.overlap))
 
     def policy(self, param_bytes: float, layers: Sequence[float] | None = None,
-               backward_fraction: float = 2 / 3) -> Policy:
-        return Policy.constant(self, param_bytes, layers, (Compute(), self.action(param_bytes, layers,
-                                                                                 backward_fraction)))
+               backward_fraction: float = 2 / 3, shapes: Sequence[Sequence[int]] | None = None) -> Policy:
+        if self.compression == "powersgd":
+            action = self.low_rank(param_bytes, layers, shapes)
+        else:
+            action = self.action(param_bytes, layers, backward_fraction)
+        return Policy.constant(self, param_bytes, layers, (Compute(), action))
+
+    def low_rank(self, param_bytes: float, layers: Sequence[float] | None,
+                 shapes: Sequence[Sequence[int]] | None) -> LowRankAllReduce:
+        tensors = default_shapes(param_bytes, layers) if shapes is None else shapes
+        matrices, vectors = matrix_split(tensors, self.rank, self.min_compression)
+        return LowRankAllReduce(rank=self.rank, matrices=matrices, uncompressed=vectors,
+                                value_bytes=self.value_bytes, algorithm=self.algorithm)
 
     def action(self, param_bytes: float, layers: Sequence[float] | None,
                backward_fraction: float) -> AllReduceGradients:
@@ -51,6 +88,43 @@ class AllReduce(Scheme):
             ready = tuple(1.0 for _ in ready)
         return AllReduceGradients(buckets=tuple(s * self.wire_ratio for s in sizes), ready=ready,
                                   algorithm=self.algorithm, bucket_bytes=self.bucket_bytes)
+
+
+def matrix_split(shapes: Sequence[Sequence[int]], rank: int,
+                 min_compression: float) -> tuple[tuple[tuple[int, int], ...], int]:
+    """(the (rows, cols) of each tensor PowerSGD compresses, the values it sends as they are).
+
+    As torch's hook (``powerSGD_hook``, ``_should_compress``): every tensor is viewed as rows =
+    shape[0] by cols = the rest (a vector of n as n × 1); with r = min(rank, rows, cols) it is
+    compressed when min_compression · r·(rows + cols) < rows·cols."""
+    matrices, vectors = [], 0
+    for shape in shapes:
+        values = math.prod(shape)
+        rows = int(shape[0])
+        cols = values // rows
+        r = min(rank, rows, cols)
+        if min_compression * r * (rows + cols) < rows * cols:
+            matrices.append((rows, cols))
+        else:
+            vectors += values
+    return tuple(matrices), vectors
+
+
+def default_shapes(param_bytes: float, layers: Sequence[float] | None) -> tuple[tuple[int, ...], ...]:
+    """Tensor shapes when a workload gives none: each layer (or the whole model) as one matrix of
+    ⌊√n⌋ rows and as many full columns as fit, the remainder a vector. An assumption, stated: a
+    low-rank compressor then sends about 2·rank·√n values per layer."""
+    out: list[tuple[int, ...]] = []
+    for layer in (layers if layers is not None else (param_bytes,)):
+        n = int(round(layer / 4))
+        rows = math.isqrt(n)
+        cols = n // rows if rows else 0
+        if rows >= 2 and cols >= 2:
+            out.append((rows, cols))
+            n -= rows * cols
+        if n:
+            out.append((n,))
+    return tuple(out)
 
 
 def gradient_buckets(param_bytes: float, layers: Sequence[float] | None, bucket_bytes: float,

@@ -49,7 +49,7 @@ class LocalSGD(Scheme):
         return (step + 1 - self.warmup_steps) % self.period == 0 or step == steps - 1
 
     def policy(self, param_bytes: float, layers: Sequence[float] | None = None,
-               backward_fraction: float = 2 / 3) -> Policy:
+               backward_fraction: float = 2 / 3, shapes: Sequence[Sequence[int]] | None = None) -> Policy:
         warm = AllReduce(algorithm=self.algorithm, precision=self.precision).action(
             param_bytes, layers, backward_fraction)
         warm_plan = (Compute(), warm)

@@ -60,7 +60,7 @@ class ParameterServer(Scheme):
         return {"sync": 0, "ssp": self.staleness, "async": None}[self.mode]  # type: ignore[index]
 
     def policy(self, param_bytes: float, layers: Sequence[float] | None = None,
-               backward_fraction: float = 2 / 3) -> Policy:
+               backward_fraction: float = 2 / 3, shapes: Sequence[Sequence[int]] | None = None) -> Policy:
         wire = param_bytes * self.wire_ratio
         actions = [Compute(), Push(nbytes=wire, aggregate=self.mode == "sync")]
         if self.slack is not None:

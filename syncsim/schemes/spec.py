@@ -52,9 +52,15 @@ class Scheme:
         """Bytes on the wire per fp32 byte."""
         return WIRE_BYTES_PER_VALUE[self.precision] / 4
 
-    def policy(self, param_bytes: float, layers: Any = None,
-               backward_fraction: float = 2 / 3) -> Any:  # pragma: no cover - abstract
-        """The scheme's plan for a model of ``param_bytes`` (per-layer ``layers``), as a ``Policy``."""
+    @property
+    def value_bytes(self) -> int:
+        """Bytes on the wire per value."""
+        return WIRE_BYTES_PER_VALUE[self.precision]
+
+    def policy(self, param_bytes: float, layers: Any = None, backward_fraction: float = 2 / 3,
+               shapes: Any = None) -> Any:  # pragma: no cover - abstract
+        """The scheme's plan for a model of ``param_bytes`` (per-layer ``layers``, per-tensor ``shapes``),
+        as a ``Policy``."""
         raise NotImplementedError
 
     def fields(self) -> dict[str, Any]:
