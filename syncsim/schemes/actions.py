@@ -156,6 +156,9 @@ class LowRankAllReduce(Action):
     value_bytes: int
     """Bytes per value on the wire (the scheme's precision)."""
     algorithm: str
+    min_compression: float = 2.0
+    """The rule that chose ``matrices`` (syncsim.schemes.allreduce.matrix_split), for an executor whose
+    tensors differ from the workload's (the replay's problem)."""
     kind = "allreduce"
 
     def ranks(self) -> tuple[int, ...]:
@@ -192,6 +195,8 @@ class SparseAllGather(Action):
     """Values of the dense gradient the entries are chosen from."""
     value_bytes: int
     """Bytes per value on the wire (the scheme's precision); each index takes INDEX_BYTES."""
+    ratio: float = 1.0
+    """The share k/n that chose ``values`` (TopK.k), for an executor whose gradient has another size."""
     kind = "allgather"
 
     @property

@@ -79,7 +79,8 @@ class AllReduce(Scheme):
         tensors = default_shapes(param_bytes, layers) if shapes is None else shapes
         matrices, vectors = matrix_split(tensors, self.rank, self.min_compression)
         return LowRankAllReduce(rank=self.rank, matrices=matrices, uncompressed=vectors,
-                                value_bytes=self.value_bytes, algorithm=self.algorithm)
+                                value_bytes=self.value_bytes, algorithm=self.algorithm,
+                                min_compression=self.min_compression)
 
     def action(self, param_bytes: float, layers: Sequence[float] | None,
                backward_fraction: float) -> AllReduceGradients:

@@ -21,7 +21,13 @@ from syncsim.schemes.actions import Compute, SparseAllGather
 from syncsim.schemes.policy import Policy
 from syncsim.schemes.spec import Scheme, register
 
-__all__ = ["TopK"]
+__all__ = ["TopK", "top_k"]
+
+
+def top_k(values: int, ratio: float) -> int:
+    """Entries sent out of ``values``: ⌈ratio · n⌉, at least 1 (the tiny epsilon keeps a ratio · n of
+    3.0000000000000004 at 3)."""
+    return max(1, min(values, math.ceil(ratio * values - 1e-9)))
 
 
 @register
@@ -37,11 +43,10 @@ class TopK(Scheme):
                                                       low_open=True))
 
     def k(self, values: int) -> int:
-        """Entries sent out of ``values``; the tiny epsilon keeps ratio · n = 3.0000000000000004 at 3."""
-        return max(1, min(values, math.ceil(self.ratio * values - 1e-9)))
+        return top_k(values, self.ratio)
 
     def policy(self, param_bytes: float, layers: Sequence[float] | None = None,
                backward_fraction: float = 2 / 3, shapes: Sequence[Sequence[int]] | None = None) -> Policy:
         values = max(1, int(round(param_bytes / 4)))
-        action = SparseAllGather(values=self.k(values), size=values, value_bytes=self.value_bytes)
+        action = SparseAllGather(values=self.k(values), size=values, value_bytes=self.value_bytes, ratio=self.ratio)
         return Policy.constant(self, param_bytes, layers, (Compute(), action))
