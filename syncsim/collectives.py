@@ -241,6 +241,26 @@ def choose(algorithm: str, nbytes: float, cluster: Cluster) -> tuple[str, float]
     return algorithm, _TIMES[algorithm](cluster, nbytes)
 
 
+def allgather_time(cluster: Cluster, nbytes: float) -> float:
+    """Seconds for a ring all-gather in which each of the p GPUs contributes ``nbytes``.
+
+    NCCL runs all-gather as one pass of its rings (src/graph/tuning.cc gives AllGather
+    nSteps = nRanks − 1 where AllReduce has 2·(nRanks − 1)): every GPU sends and receives the
+    other (p − 1) contributions, (p − 1)/p of the gathered p·n bytes, through the same resources
+    as ring all-reduce's (so its bus bandwidth is the all-reduce's, nccl-tests' PERFORMANCE.md),
+    and a piece of data crosses half the hops of all-reduce's two turns of the ring."""
+    m, g, a_i, b_i, a_n = _terms(cluster)
+    p = m * g
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    r = cluster.nics_per_node
+    share = 1 - (r // g) / r if m > 1 else 1.0
+    per_byte = max(share / b_i if g > 1 else 0.0, 1 / cluster.node_bandwidth if m > 1 else 0.0)
+    inter = ring_inter_hops(m, g)
+    hops = ((2 * (p - 1) - inter) * a_i + inter * a_n) / 2
+    return cluster.collective_latency + hops + (p - 1) * nbytes * per_byte  # type: ignore[operator]
+
+
 def allreduce_time(algorithm: str, nbytes: float, cluster: Cluster) -> float:
     """Seconds for one uncontended all-reduce of ``nbytes`` per GPU over every GPU of ``cluster``."""
     return choose(algorithm, nbytes, cluster)[1]

@@ -21,21 +21,25 @@ import numpy as np
 import simpy
 
 from syncsim.cluster import Cluster, Link
-from syncsim.collectives import allreduce_time, choose
+from syncsim.collectives import allgather_time, allreduce_time, choose
 from syncsim.network import triggered
 from syncsim.recorder import KIND_CODE, Recorder
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "ALLGATHER"]
 
 _COMPUTE = KIND_CODE["compute"]
+# The name a join gives as its algorithm for an all-gather (NCCL runs all-gather on its rings only).
+ALLGATHER = "allgather"
 
 
 class _Pending:
-    __slots__ = ("kind", "step", "buckets", "ready", "algorithm", "base", "span", "computed", "arrived", "done")
+    __slots__ = ("kind", "step", "buckets", "ready", "algorithm", "base", "span", "computed", "arrived", "done",
+                 "last")
 
     def __init__(self, env: simpy.Environment, workers: int, kind: str, step: int, buckets: tuple[float, ...],
-                 ready: tuple[float, ...], algorithm: str) -> None:
+                 ready: tuple[float, ...], algorithm: str, last: bool) -> None:
         self.kind = kind
+        self.last = last                   # whether it completes the step's synchronisation (a new version)
         self.step = step
         self.buckets = buckets
         self.ready = np.asarray(ready, dtype=float)
@@ -77,11 +81,16 @@ class Communicator:
             self._wire_cluster = cluster.replace(**wire, collective_latency=0.0)
 
     def cost(self, algorithm: str, nbytes: float) -> tuple[str, float]:
-        """(algorithm that runs, seconds) of one all-reduce of ``nbytes``."""
+        """(algorithm that runs, seconds) of one all-reduce of ``nbytes`` (algorithm "allgather": one
+        all-gather of ``nbytes`` from each worker, syncsim.collectives.allgather_time)."""
         key = (algorithm, nbytes)
         cost = self._cost.get(key)
         if cost is None:
-            cost = self._cost[key] = choose(algorithm, nbytes, self.cluster)
+            if algorithm == ALLGATHER:
+                cost = (ALLGATHER, allgather_time(self.cluster, nbytes))
+            else:
+                cost = choose(algorithm, nbytes, self.cluster)
+            self._cost[key] = cost
         return cost
 
     def wire_bytes(self, algorithm: str, nbytes: float) -> float:
@@ -89,7 +98,9 @@ class Communicator:
         key = (algorithm, nbytes)
         wire = self._wire.get(key)
         if wire is None:
-            wire = self._wire[key] = allreduce_time(algorithm, nbytes, self._wire_cluster) * self.rate
+            seconds = (allgather_time(self._wire_cluster, nbytes) if algorithm == ALLGATHER
+                       else allreduce_time(algorithm, nbytes, self._wire_cluster))
+            wire = self._wire[key] = seconds * self.rate
         return wire
 
     def _shaped(self, seconds: float, wire: float, idle: float) -> float:
@@ -110,16 +121,17 @@ class Communicator:
         return seconds - credit / self.rate
 
     def join(self, worker: int, step: int, kind: str, buckets: tuple[float, ...], ready: tuple[float, ...],
-             algorithm: str, base: float, span: float, computed: bool) -> simpy.Event:
+             algorithm: str, base: float, span: float, computed: bool, last: bool = True) -> simpy.Event:
         """Contribute to the current collective; returns the event that fires when it completes.
 
         Bucket b of this worker is ready at ``base + span * ready[b]``;
         ``computed`` says the span is a compute phase whose trace row the
-        collective records (vectorised) on the worker's behalf.
+        collective records (vectorised) on the worker's behalf. ``last`` False: a collective that
+        does not yet finish the step's synchronisation (PowerSGD's first round), no new version.
         """
         pending = self._pending
         if pending is None:
-            pending = self._pending = _Pending(self.env, self.workers, kind, step, buckets, ready, algorithm)
+            pending = self._pending = _Pending(self.env, self.workers, kind, step, buckets, ready, algorithm, last)
         pending.base[worker] = base
         pending.span[worker] = span
         pending.computed[worker] = computed
@@ -152,5 +164,6 @@ class Communicator:
             recorder.events(who, pending.step, _COMPUTE, pending.base[pending.computed],
                             (pending.base + pending.span)[pending.computed], 0.0)
         recorder.events(workers, pending.step, KIND_CODE[pending.kind], first, end, float(sum(pending.buckets)))
-        state.collective_done(pending.kind, pending.step, end)
+        if pending.last:
+            state.collective_done(pending.kind, pending.step, end)
         env.schedule(triggered(pending.done), delay=end - env.now)

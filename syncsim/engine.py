@@ -24,7 +24,7 @@ import numpy as np
 import simpy
 
 from syncsim.cluster import Cluster
-from syncsim.communicator import Communicator
+from syncsim.communicator import ALLGATHER, Communicator
 from syncsim.compute import ComputeTimes, ReplayedTimes
 from syncsim.config import check_int
 from syncsim.limits import SIM_BYTES_PER_WORKER_STEP, check_memory
@@ -35,9 +35,12 @@ from syncsim.schemes import (
     AverageParameters,
     Compute,
     LocalUpdate,
+    LowRankAllReduce,
+    OuterStep,
     Pull,
     Push,
     Scheme,
+    SparseAllGather,
     WaitForClock,
     parse,
 )
@@ -49,7 +52,10 @@ __all__ = ["simulate", "speedup"]
 _GENERATOR = type(x for x in ())
 
 _COMPUTE, _PUSH, _PULL, _WAIT = (KIND_CODE[k] for k in ("compute", "push", "pull", "wait"))
-_COLLECTIVES = (AllReduceGradients, AverageParameters)
+_COLLECTIVES = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep)
+# Collectives after which every worker's gradient of the step has been applied (one update row each);
+# the others (parameter averaging, outer steps) fold the workers' local steps into the new version.
+_GRADIENT_COLLECTIVES = ("allreduce", "allgather")
 
 
 class _ModelState:
@@ -64,7 +70,7 @@ class _ModelState:
 
     def collective_done(self, kind: str, step: int, time: float) -> None:
         version = self.version
-        if kind == "allreduce":
+        if kind in _GRADIENT_COLLECTIVES:
             self.recorder.updates(self.workers, step, version, version, time)
         else:  # parameter averaging folds every worker's local steps into the new version
             for w, steps in enumerate(self.local):
@@ -83,7 +89,8 @@ class _Run:
         self.workers = cluster.gpus
         self.recorder = Recorder()
         self.state = _ModelState(self.workers, self.recorder)
-        self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
+        self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction,
+                                    workload.shapes)
         if compute_times is None:
             self.times = ComputeTimes(cluster, workload, seed)
             self.idle_extra = workload.idle_extra if workload.idle_cost else None
@@ -96,7 +103,8 @@ class _Run:
         self.step_end = np.zeros((steps, self.workers))
         self.handlers: dict[type, Callable] = {
             AllReduceGradients: self._allreduce, AverageParameters: self._average, LocalUpdate: self._local_update,
-            Push: self._push, WaitForClock: self._wait, Pull: self._pull,
+            Push: self._push, WaitForClock: self._wait, Pull: self._pull, LowRankAllReduce: self._low_rank,
+            SparseAllGather: self._allgather, OuterStep: self._outer,
         }  # Compute is taken inline in worker(), lazily
 
     # A handler returns None, one event to wait for, or a generator of
@@ -168,6 +176,21 @@ class _Run:
 
     def _average(self, w: int, step: int, action: AverageParameters, pending: list):
         return self._join_now(w, step, "average", (action.nbytes,), (1.0,), action.algorithm, pending)
+
+    def _low_rank(self, w: int, step: int, action: LowRankAllReduce, pending: list):
+        # two all-reduces, one after the other: P (with the uncompressed values), then Q; one new version
+        yield from self._settle(w, step, pending)
+        now = self.env.now
+        yield self.comm.join(w, step, "allreduce", (action.p_bytes,), (1.0,), action.algorithm, now, 0.0, False,
+                             last=False)
+        now = self.env.now
+        yield self.comm.join(w, step, "allreduce", (action.q_bytes,), (1.0,), action.algorithm, now, 0.0, False)
+
+    def _allgather(self, w: int, step: int, action: SparseAllGather, pending: list):
+        return self._join_now(w, step, "allgather", (action.nbytes,), (1.0,), ALLGATHER, pending)
+
+    def _outer(self, w: int, step: int, action: OuterStep, pending: list):
+        return self._join_now(w, step, "outer", (action.nbytes,), (1.0,), action.algorithm, pending)
 
     def _push(self, w: int, step: int, action: Push, pending: list):
         servers = self.servers

@@ -58,9 +58,9 @@ class Workload(ConfigFile):
     worker idled g seconds (waiting for servers, not in a collective) computes ``idle_extra(g)`` longer
     (linear from (0, 0) through the points, the last point's extra beyond it). Empty: no cost."""
     shapes: tuple[tuple[int, ...], ...] | None = None
-    """Shape of each parameter tensor, forward order (what low-rank compression needs: PowerSGD
-    compresses tensors of two or more dimensions as rows = shape[0] by the rest); their values × 4
-    bytes must sum to ``param_bytes``. None: unknown (syncsim.schemes.allreduce.default_shapes assumes square-ish matrices)."""
+    """Shape of each parameter tensor, forward order (what low-rank compression needs: PowerSGD views
+    a tensor as rows = shape[0] by the rest); their values × 4 bytes must sum to ``param_bytes``.
+    None: unknown (syncsim.schemes.allreduce.default_shapes then assumes square-ish matrices)."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:

@@ -52,7 +52,8 @@ class UpdateLog:
     def of(cls, result: SimResult) -> UpdateLog:
         """The update log of a simulation, with the policy it simulated."""
         workload = result.workload
-        policy = result.scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction)
+        policy = result.scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction,
+                                      workload.shapes)
         return cls(policy, result.workers, result.steps, workload.batch_size, result.updates)
 
     @property
