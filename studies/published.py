@@ -5,11 +5,14 @@
 come from and on what hardware; see that folder's README), builds the
 dataset's cluster from the hardware *as stated* through the component table
 below — the same physical constants for every dataset, each cited, never a
-factor chosen per dataset or row — predicts each row with syncsim, and writes
-to ``results/published/``:
+factor chosen per dataset or row — predicts each row with syncsim (a training
+row runs its dataset's scheme, or its own where the CSV has a ``scheme``
+column: DiLoCo, local SGD, PowerSGD, ...; at the stated link rate, or the row's
+own ``nic_rate``), and writes to ``results/published/``:
 
 - ``published.csv``: one row per measured row: dataset, source, what was
-  measured (an all-reduce's time, or a scaling efficiency), predicted,
+  measured (an all-reduce's time, or a scaling efficiency), the scheme and link
+  rate a training row ran, predicted,
   measured, relative error, the algorithm that ran, whether the row is
   bandwidth-bound and whether it is inside the model (with the reason when
   not);
@@ -17,8 +20,9 @@ to ``results/published/``:
 
 Bandwidth-bound rows are all-reduces of at least 64 MiB and training
 configurations whose step is communication-bound (the all-reduce of one
-step's gradients, uncontended, takes at least as long as its compute). The
-summary's headline is their error inside the model; it also gives the rows
+step's gradients, uncontended, takes at least as long as its compute; for a
+scheme that synchronises every ``period`` steps, that all-reduce divided by the
+period). The summary's headline is their error inside the model; it also gives the rows
 inside the model that are not bandwidth-bound (latency-bound all-reduces,
 compute-bound training), and for every dataset outside the model its error
 and the headline had it been included. A dataset is outside the model when
@@ -73,6 +77,10 @@ OUTSIDE = {
     "unknown-batch": "the batch size is not published, so the compute time per step is unknown",
     "cube-mesh": "hybrid cube-mesh NVLink (DGX-1): not the switched node the model assumes",
     "ps-on-cpu": "parameters on the host CPU (TensorFlow's parameter-server mode inside one node)",
+    "unknown-link": "no rate is stated for the links between nodes (paths over the public internet, or only the "
+                    "slowest path's bandwidth), so the network cannot be timed",
+    "int8-allreduce": "pseudo-gradients quantised to int8 on the wire and summed in fp32 on the host CPU (a wire "
+                      "format the model does not have)",
 }
 # One physical rule for host staging, computed from the stated hardware, the same for every dataset.
 # The model's network hop moves a GPU's bytes onto the wire at the NIC's rate. That is GPUDirect RDMA,
@@ -126,11 +134,14 @@ class Dataset:
             reasons.append(HOST_STAGED)
         return "; ".join(reasons) or None
 
-    def cluster(self, nodes: int, gpus_per_node: int) -> Cluster:
+    def cluster(self, nodes: int, gpus_per_node: int, nic_rate: str | None = None) -> Cluster:
+        """The cluster the hardware states; ``nic_rate`` is a row's own link rate where its rows differ in it
+        (the CSV's ``nic_rate`` column), else the hardware's."""
         hw = self.hardware
         inter = None
         if nodes > 1:
-            rate = parse_bandwidth(hw["nic_rate"], f"{self.id}: hardware.nic_rate") * NIC_EFFICIENCY
+            stated, where = (nic_rate, "nic_rate column") if nic_rate else (hw["nic_rate"], "hardware.nic_rate")
+            rate = parse_bandwidth(stated, f"{self.id}: {where}") * NIC_EFFICIENCY
             inter = Link(rate, NET_LATENCY)
         return Cluster(nodes=nodes, gpus_per_node=gpus_per_node, nics_per_node=int(hw.get("nics_per_node") or 1),
                        intra=INTRA[self.model["intra"]] if gpus_per_node > 1 else None, inter=inter,
@@ -148,12 +159,12 @@ def load(folder: Path = DATA) -> list[Dataset]:
 
 
 def _row(ds: Dataset, what: str, size: float, measured: float, predicted: float, algorithm: str,
-         bound: bool, no_prediction: str = "") -> dict:
+         bound: bool, no_prediction: str = "", scheme: str = "", nic_rate: str = "") -> dict:
     reason = ds.outside_model()
     return {"dataset": ds.id, "kind": ds.meta["kind"], "what": what, "size": size, "measured": measured,
             "predicted": predicted, "rel_error": predicted / measured - 1.0, "algorithm": algorithm,
             "bandwidth_bound": bound, "in_model": reason is None, "reason": reason or "",
-            "no_prediction": no_prediction, "source": ds.source}
+            "no_prediction": no_prediction, "source": ds.source, "scheme": scheme, "nic_rate": nic_rate}
 
 
 def allreduce_rows(ds: Dataset) -> list[dict]:
@@ -166,7 +177,27 @@ def allreduce_rows(ds: Dataset) -> list[dict]:
     return rows
 
 
+def _cell(row, column: str) -> str:
+    """A row's text in an optional CSV column ("" where the dataset has no such column or leaves it empty)."""
+    value = getattr(row, column, None)
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def sync_period(scheme: str) -> int:
+    """Steps between two synchronisations of the scheme's parameters (``period``: local SGD, DiLoCo), else 1."""
+    return int(getattr(parse(scheme), "period", 1))
+
+
+def simulated_steps(scheme: str) -> int:
+    """Steps to simulate a training row: 20, or ten sync periods for a scheme that synchronises every
+    ``period`` steps, so that the steady state (after the first tenth, one period) holds whole periods
+    and the run's last step, which always synchronises, ends one."""
+    return max(20, 10 * sync_period(scheme))
+
+
 def training_rows(ds: Dataset) -> list[dict]:
+    """One row per multi-GPU configuration; a CSV column ``scheme`` (or ``nic_rate``) gives a row its own
+    scheme (or link rate) where a dataset's rows differ in it, else the model's (the hardware's)."""
     model = ds.model
     rows = []
     if "single_gpu_images_per_s" not in model:  # not enough published to predict: the JSON says why
@@ -174,9 +205,10 @@ def training_rows(ds: Dataset) -> list[dict]:
             raise ValueError(f"{ds.id}: model.single_gpu_images_per_s is missing and model.no_prediction "
                              "does not say why")
         for r in ds.rows.itertuples(index=False):
-            if r.gpus > 1:
+            if not r.gpus <= 1:  # a GPU count the source does not state (NaN) is no single-GPU baseline
                 rows.append(_row(ds, "scaling efficiency", float(r.gpus), float(r.efficiency), math.nan, "",
-                                 False, model["no_prediction"]))
+                                 False, model["no_prediction"], _cell(r, "scheme") or model.get("scheme", ""),
+                                 _cell(r, "nic_rate")))
         return rows
     batch = int(model["batch_per_gpu"])
     workload = Workload(param_bytes=4.0 * float(model["parameters"]), batch_size=batch,
@@ -184,14 +216,17 @@ def training_rows(ds: Dataset) -> list[dict]:
     for r in ds.rows.itertuples(index=False):
         if r.gpus <= 1:
             continue  # the single-GPU baseline: efficiency 1 by definition
-        cluster = ds.cluster(int(r.nodes), int(r.gpus_per_node))
-        res = simulate(cluster, workload, model["scheme"], steps=20)
-        # communication-bound: one step's whole gradient all-reduce takes at least its compute
-        comm = choose(parse(model["scheme"]).algorithm, workload.param_bytes, cluster)[1]  # type: ignore[attr-defined]
+        scheme, nic_rate = _cell(r, "scheme") or model["scheme"], _cell(r, "nic_rate")
+        cluster = ds.cluster(int(r.nodes), int(r.gpus_per_node), nic_rate or None)
+        res = simulate(cluster, workload, scheme, steps=simulated_steps(scheme))
+        # communication-bound: the whole gradient (parameters) all-reduce of one step, uncontended, takes at
+        # least its compute; a scheme that synchronises every `period` steps spreads it over the period
+        algorithm = getattr(parse(scheme), "algorithm", "auto")
+        comm = choose(algorithm, workload.param_bytes, cluster)[1] / sync_period(scheme)
         measured = float(r.efficiency) if not math.isnan(r.efficiency) else \
             float(r.throughput_samples_per_s) / (r.gpus * float(model["single_gpu_images_per_s"]))
         rows.append(_row(ds, "scaling efficiency", float(r.gpus), measured, res.efficiency, res.algorithms,
-                         comm >= workload.compute_time))  # type: ignore[operator]
+                         comm >= workload.compute_time, scheme=scheme, nic_rate=nic_rate))  # type: ignore[operator]
     return rows
 
 

@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 
 from studies import published
-from studies.published import DATA, HOST_STAGED, OUTSIDE, bounded, host_staged, load, predict, summary
+from studies.published import DATA, HOST_STAGED, OUTSIDE, Dataset, bounded, host_staged, load, predict, summary
+from syncsim.schemes import parse
+from syncsim.units import parse_bandwidth
 
 
 @pytest.fixture(scope="module")
@@ -20,16 +22,25 @@ def test_every_dataset_states_source_hardware_and_model():
         meta = json.loads(meta_path.read_text())
         assert meta["id"] == meta_path.stem and meta_path.with_suffix(".csv").exists()
         assert meta["source"].get("url") or meta["source"].get("repo"), meta["id"]
-        assert meta["hardware"]["gpus_per_node"] and meta["model"]["intra"] in published.INTRA, meta["id"]
+        rows = pd.read_csv(meta_path.with_suffix(".csv"))
+        predicted = meta["kind"] == "nccl-allreduce" or "single_gpu_images_per_s" in meta["model"]
+        # the intra-node component is named wherever a prediction crosses it (one GPU per node crosses none)
+        needs_intra = predicted and (rows["gpus_per_node"] > 1).any()
+        assert meta["hardware"]["gpus_per_node"], meta["id"]
+        assert meta["model"]["intra"] in published.INTRA or (not needs_intra and meta["model"]["intra"] is None), \
+            meta["id"]
         labels = meta["model"].get("outside") or []
-        assert set([labels] if isinstance(labels, str) else labels) <= set(OUTSIDE), meta["id"]
+        labels = [labels] if isinstance(labels, str) else labels
+        assert set(labels) <= set(OUTSIDE), meta["id"]
         # GPUDirect RDMA, where stated, is a fact with its evidence; host staging is never a hand-set label
         gdr = meta["hardware"].get("gpudirect_rdma")
         assert gdr in (None, True, False) and (gdr is None or meta["hardware"]["gpudirect_rdma_source"]), meta["id"]
-        rows = pd.read_csv(meta_path.with_suffix(".csv"))
-        if (rows["nodes"] > 1).any():
-            assert meta["hardware"]["nic_rate"] and meta["hardware"]["nics_per_node"], meta["id"]
-        if meta["kind"] == "training-scaling" and "single_gpu_images_per_s" not in meta["model"]:
+        # runs across nodes (or on a node count the source leaves unstated) state their links' rate, per
+        # dataset or per row, or are outside the model for not stating it
+        if (rows["nodes"] > 1).any() or rows["nodes"].isna().any():
+            stated = meta["hardware"]["nic_rate"] or ("nic_rate" in rows and rows["nic_rate"].notna().all())
+            assert (stated and meta["hardware"]["nics_per_node"]) or "unknown-link" in labels, meta["id"]
+        if meta["kind"] == "training-scaling" and not predicted:
             assert meta["model"]["no_prediction"], meta["id"]  # the summary says why there is no prediction
 
 
@@ -105,6 +116,10 @@ def test_dataset_labels_follow_the_hardware_alike():
             nvswitch3 = ds.model["intra"] in ("H100", "H200") and (ds.rows["gpus_per_node"] > 1).any()
             assert ("nvls" in labels) == nvswitch3, ds.id
         assert ("cube-mesh" in labels) == ("cube-mesh" in ds.hardware["intra"]), ds.id
+        # a multi-node dataset without a stated link rate, per dataset or per row, is outside for that alone
+        crosses = (ds.rows["nodes"] > 1).any() or ds.rows["nodes"].isna().any()
+        rated = bool(ds.hardware["nic_rate"]) or ("nic_rate" in ds.rows and ds.rows["nic_rate"].notna().all())
+        assert ("unknown-link" in labels) == (crosses and not rated), ds.id
 
 
 # -- the summary, on frames small enough to work out by hand --------------------------------------
@@ -171,3 +186,56 @@ def test_summary_gives_every_excluded_dataset_its_headline(predictions):
     outside = predictions[~predictions["in_model"] & predictions["bandwidth_bound"] & predictions["predicted"].notna()]
     shown = {line.split()[1] for line in summary(predictions).splitlines() if line.startswith("  with ")}
     assert shown == set(outside["dataset"]) and {"hkbu-2080ti-8x4-1ib100", "hkbu-2080ti-8x4-1x10gbe"} <= shown
+
+
+# -- schemes beyond all-reduce (issue 35 item 7): DiLoCo, local SGD, PowerSGD measured on stated hardware -------
+NEW_SCHEME_DATASETS = {
+    "dilocomeasured-diloco-l40s-4x1-tcshaped": 16, "dilocomeasured-localsgd-l40s-4x1-tcshaped": 16,
+    "intellect1-diloco-h100x8-internet": 3, "opendiloco-1b-h100x8-internet": 1,
+    "pytorch74148-powersgd-resnet50-v100-2gpn": 3,
+}
+
+
+@pytest.mark.parametrize("name, count", sorted(NEW_SCHEME_DATASETS.items()))
+def test_scheme_datasets_load_and_name_their_source(name, count):
+    ds = by_id(name)
+    assert len(ds.rows) == count and ds.meta["kind"] == "training-scaling"
+    src = ds.meta["source"]
+    assert ds.source.startswith("https://") and src["title"] and src["where"] and src["quote"]
+    # every row names the scheme it ran, in the grammar; its measured figure is an efficiency in (0, 1]
+    assert ds.rows["scheme"].notna().all()
+    for scheme in ds.rows["scheme"]:
+        parse(scheme)
+    assert ((ds.rows["efficiency"] > 0) & (ds.rows["efficiency"] <= 1)).all()
+    assert {parse(s).name for s in ds.rows["scheme"]} <= {"diloco", "localsgd", "allreduce"}
+
+
+def test_scheme_rows_are_predicted_or_outside_with_a_reason(predictions):
+    for name, count in NEW_SCHEME_DATASETS.items():
+        rows = predictions[predictions["dataset"] == name]
+        assert len(rows) == count, name
+        assert set(rows["scheme"]) == set(by_id(name).rows["scheme"]), name  # each row's own scheme ran
+        for r in rows.itertuples(index=False):
+            assert (math.isfinite(r.predicted) and r.predicted > 0) or r.no_prediction, name
+            assert r.in_model or r.reason, name
+    # the shaped-link datasets are predicted row by row, at each row's own link rate and scheme
+    shaped = predictions[predictions["dataset"].str.startswith("dilocomeasured-")]
+    assert shaped["predicted"].notna().all() and set(shaped["nic_rate"]) == {"50Mbit/s", "200Mbit/s", "1Gbit/s",
+                                                                             "5Gbit/s"}
+    # NCCL over TCP sockets without GPUDirect RDMA: outside by the one host-staging rule, yet reported
+    assert (shaped["reason"] == HOST_STAGED).all()
+    # more bandwidth, or a longer period, never lowers the predicted efficiency
+    for scheme, group in shaped.groupby("scheme"):
+        by_rate = group.assign(rate=group["nic_rate"].map(lambda r: parse_bandwidth(r, "rate"))).sort_values("rate")
+        assert by_rate["predicted"].is_monotonic_increasing, scheme
+
+
+def test_a_row_scheme_and_link_rate_reach_the_simulator():
+    ds = by_id("dilocomeasured-diloco-l40s-4x1-tcshaped")
+    slow, fast = (published.training_rows(Dataset(ds.id, ds.meta, ds.rows[ds.rows["nic_rate"] == rate]))
+                  for rate in ("50Mbit/s", "5Gbit/s"))
+    for a, b in zip(slow, fast):
+        assert a["scheme"] == b["scheme"] and a["predicted"] < b["predicted"]
+    # ten sync periods: the steady state (after the first tenth) holds whole periods
+    assert published.simulated_steps("diloco:period=128") == 1280 and published.simulated_steps("allreduce") == 20
+    assert published.sync_period("localsgd:period=32") == 32 and published.sync_period("topk:ratio=0.01") == 1
