@@ -58,18 +58,26 @@ def layout(shapes: Sequence[Sequence[int]], rank: int, min_compression: float) -
 
 
 def orthonormalise(matrix: np.ndarray) -> np.ndarray:
-    """The columns of ``matrix`` made orthonormal by modified Gram–Schmidt, in order (a new array).
+    """The columns of ``matrix`` made orthonormal by Gram–Schmidt, in order (a new array).
 
-    A column that vanishes (a zero gradient, or one dependent on the columns before it) stays zero
-    rather than dividing by zero: it then adds nothing to P̂·Qᵀ."""
+    Each column has its projections on the columns before it removed twice ("twice is enough":
+    Giraud, Langou & Rozložník 2005): a column that depends on the ones before it (a mean P of
+    lower rank than its columns: a rank-1 gradient at rank 2) leaves a residual of rounding
+    noise, and one pass would normalise that noise into a unit vector far from orthogonal to the
+    others, so that P̂P̂ᵀ would no longer be a projection (measured: 24 % of the gradient's largest
+    value wrong for a 6 × 5 rank-1 gradient at rank 2). The second pass makes it orthogonal, and
+    P̂P̂ᵀ again leaves the mean's column space unchanged. A column that vanishes exactly (a zero
+    gradient) stays zero rather than dividing by zero: it then adds nothing to P̂·Qᵀ."""
     out = np.array(matrix, dtype=float, copy=True)
     for i in range(out.shape[1]):
         column = out[:, i]
+        if i:
+            before = out[:, :i]
+            for _ in range(2):
+                column -= before @ (before.T @ column)
         norm = math.sqrt(float(column @ column))
         if norm > 0:
             column /= norm
-        if i + 1 < out.shape[1]:
-            out[:, i + 1:] -= np.outer(column, column @ out[:, i + 1:])
     return out
 
 

@@ -8,7 +8,7 @@ simulated wall-clock time, from which ``time_to_target`` reads time-to-accuracy.
 
 from syncsim.convergence.digits import Digits
 from syncsim.convergence.log import UpdateLog
-from syncsim.convergence.optimizer import SGD
+from syncsim.convergence.optimizer import SGD, AdamW, Nesterov
 from syncsim.convergence.problems import LogisticRegression, Problem, Quadratic
 from syncsim.convergence.replay import Replayer, replay
 from syncsim.convergence.sampler import Sampler
@@ -19,5 +19,5 @@ from syncsim.convergence.wire import Wire
 
 __all__ = [
     "Problem", "Quadratic", "UpdateLog", "LogisticRegression", "Digits", "replay", "Replayer", "Sampler", "SGD",
-    "LossScaling", "LossScaler", "Wire", "time_to_target", "steps_to_target", "delay_bound",
+    "AdamW", "Nesterov", "LossScaling", "LossScaler", "Wire", "time_to_target", "steps_to_target", "delay_bound",
 ]

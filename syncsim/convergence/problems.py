@@ -26,13 +26,21 @@ __all__ = ["Problem", "Quadratic", "LogisticRegression", "log_sigmoid", "sigmoid
 class Problem:
     """What replay needs from a problem; subclasses are frozen dataclasses validated on construction.
 
-    Besides the methods, a problem has ``dim`` (number of parameters) and
-    ``samples`` (size of the training pool minibatches are drawn from).
+    Besides the methods, a problem has ``dim`` (number of parameters),
+    ``samples`` (size of the training pool minibatches are drawn from) and
+    ``shapes`` (its tensors, in the order they lie in the flat vector).
     """
 
     metrics: tuple[str, ...] = ("loss",)
     dim: int
     samples: int
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of the problem's tensors, laid end to end in the flat parameters (their values
+        add up to ``dim``): what a low-rank compressor views as matrices (rows = shape[0], cols = the
+        rest; syncsim.compression.layout). By default one vector of ``dim`` values."""
+        return ((self.dim,),)
 
     def init(self, seed: int) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError

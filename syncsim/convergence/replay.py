@@ -18,26 +18,56 @@ replays the same way (real/replay.py: its torch model and data order as a
 - ``Push``: the servers apply the gradient with weight 1/W on arrival, or a
   round's W gradients together (``aggregate``), with the server's optimiser;
 - ``WaitForClock``: nothing — the simulated order already reflects the wait;
-- ``Pull``: from now on the worker computes on the server's versions.
+- ``Pull``: from now on the worker computes on the server's versions;
+- ``LowRankAllReduce``: PowerSGD with error feedback and warm start, one
+  ``syncsim.compression.LowRank`` per worker over the problem's tensors
+  (``Problem.shapes``, split by the action's rank and min_compression); the
+  replay takes the means of what the workers send (P and the uncompressed
+  values, then Q) where a real run all-reduces, and every replica steps with
+  the gradient the compressors agree on;
+- ``SparseAllGather``: top-k with error feedback, one
+  ``syncsim.compression.Sparsifier`` per worker, k = top_k(problem dim, the
+  action's ratio); every replica steps with the all-gathered sum over W;
+- ``OuterStep``: DiLoCo's outer step on a fragment of the problem's
+  parameters (``fragment_bounds(dim, fragments)``): the mean pseudo-gradient
+  (the fragment's last outer value minus each replica's) crosses the wire,
+  an outer SGD with Nesterov momentum (per-fragment state) applies it to the
+  last outer value, and every replica takes the result. The outer
+  parameters are the authoritative ones: with several fragments the
+  replicas agree only on the fragment just synchronised.
+
+``LocalUpdate(optimizer="adamw")`` steps the worker's replica with its own
+AdamW state (torch.optim.AdamW with the replay's lr and torch's defaults).
 
 Like the simulator and the real executor, the replay dispatches only on the
 action, never on the scheme. Collectives complete when the last of the W
 workers joins, as on a communicator, so a round's replicas never change while
 its gradients are still being computed. fp16 gradients crossing the wire are
 loss-scaled (``scaler.py``); what crosses the wire is rounded (``wire.py``).
+
+Compressed gradients (``LowRankAllReduce``, ``SparseAllGather``) at fp16 are
+not loss-scaled: error feedback already keeps whatever the wire's rounding
+loses, underflow to 0 included, in the worker's residual and sends it later,
+which is the loss scaling's whole purpose; and an overflowing step would leave
+inf in the residuals and PowerSGD's warm-started Q, which torch's GradScaler
+does not roll back (it skips only the optimiser step), so every later step
+would be poisoned. Pseudo-gradients (``OuterStep``) are parameter
+differences, not gradients of the scaled loss, and are not scaled either.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import nullcontext
 
 import numpy as np
 import pandas as pd
 
+from syncsim.compression import LowRank, Sparsifier, layout, scatter_mean
 from syncsim.config import check_int
 from syncsim.convergence.log import UpdateLog
-from syncsim.convergence.optimizer import SGD
+from syncsim.convergence.optimizer import SGD, AdamW, Nesterov
 from syncsim.convergence.problems import Problem
 from syncsim.convergence.scaler import LossScaling
 from syncsim.convergence.wire import Wire
@@ -47,10 +77,15 @@ from syncsim.schemes import (
     AverageParameters,
     Compute,
     LocalUpdate,
+    LowRankAllReduce,
+    OuterStep,
     Pull,
     Push,
+    SparseAllGather,
     WaitForClock,
 )
+from syncsim.schemes.diloco import fragment_bounds
+from syncsim.schemes.topk import top_k
 
 __all__ = ["Replayer", "replay", "DEFAULT_EVALUATIONS"]
 
@@ -59,7 +94,7 @@ __all__ = ["Replayer", "replay", "DEFAULT_EVALUATIONS"]
 # held-out evaluation stays a small share of the replay's cost.
 DEFAULT_EVALUATIONS = 200
 
-SERVER, REPLICAS = "server", "replicas"
+SERVER, REPLICAS, OUTER = "server", "replicas", "outer"
 
 
 class Replayer:
@@ -110,11 +145,22 @@ class Replayer:
         self.depth = int(updates["staleness"].max()) + 1 if len(updates) else 1
         self.history = np.empty((self.depth, len(x0)))
         self.history[0] = self.wire.send(x0)
-        self._joined: list[int] = []
+        # Per-worker state of the compressed and DiLoCo actions, made when first needed.
+        self.adamw = AdamW(lr)
+        self.adam_moments: tuple[np.ndarray, np.ndarray] | None = None   # (exp_avg, exp_avg_sq) per worker
+        self.adam_steps = np.zeros(workers, dtype=np.int64)
+        self.compressors: list = []       # one LowRank or Sparsifier per worker
+        self._compressor_key: tuple | None = None
+        self.reduced: np.ndarray | None = None   # the last gradient every replica applied (compressed actions)
+        self.outer = x0.copy()                  # DiLoCo: every fragment's value at its last outer step
+        self.outer_velocity = np.zeros_like(x0)  # its Nesterov buffer (fragments are disjoint: per-fragment state)
+        self._pending: tuple[int, float] | None = None   # an outer version, made once the worker's step ends
+        self._joins: dict[object, list[int]] = {}   # workers joined so far, per collective
         self._round: list[tuple[np.ndarray, bool]] = []
         self._handlers: dict[type, Callable] = {
             Compute: self._compute, AllReduceGradients: self._allreduce, LocalUpdate: self._local_update,
             AverageParameters: self._average, Push: self._push, WaitForClock: self._wait, Pull: self._pull,
+            LowRankAllReduce: self._low_rank, SparseAllGather: self._sparse, OuterStep: self._outer,
         }
         self.on_version: Callable | None = None
         self.on_compute: Callable | None = None
@@ -129,17 +175,27 @@ class Replayer:
                 self.row = row
                 for action in plan(t, steps):
                     handlers[type(action)](w, t, r, a, time, action)
+                if self._pending is not None:
+                    # A step's outer steps (every fragment at a run's last step) make one version, as the
+                    # updates table counts them: its rows all apply to the first.
+                    self._pending = None
+                    self._new_version(a, time, OUTER)
                 if self._stop:
                     return self
-        if self._joined or self._round:
-            raise RuntimeError(f"the updates table ends inside a collective: {len(self._joined) + len(self._round)}"
+        joined = max((len(j) for j in self._joins.values()), default=0)
+        if joined or self._round:
+            raise RuntimeError(f"the updates table ends inside a collective: {joined + len(self._round)}"
                                f" of {self.workers} workers joined")
         return self
 
     def parameters(self) -> np.ndarray:
-        """The authoritative parameters: the server's, or the replicas' common value after a sync."""
-        # After every synchronisation the replicas are bit-identical (a tested invariant), so row 0 is the value.
-        return self.server if self.home == SERVER else self.replicas[0]
+        """The authoritative parameters: the server's, the replicas' common value after a sync, or
+        DiLoCo's outer parameters (each fragment's value at its last outer step)."""
+        # After every synchronisation the replicas are bit-identical (a tested invariant), so row 0 is the value;
+        # DiLoCo's outer parameters are the global model (with fragments, replicas agree only on the last synced).
+        if self.home == SERVER:
+            return self.server
+        return self.outer if self.home == OUTER else self.replicas[0]
 
     def _new_version(self, version_applied: int, time: float, home: str) -> None:
         if version_applied != self.version:
@@ -171,15 +227,27 @@ class Replayer:
         self.gradients[w] = self.problem.gradient(x, self.sampler.indices(w, t))
 
     def _local_update(self, w, t, r, a, time, action) -> None:
-        self.optimizer.step(self.replicas[w], self.replica_velocity[w], self.gradients[w])
+        if action.optimizer == "adamw":
+            if self.adam_moments is None:
+                self.adam_moments = (np.zeros_like(self.replicas), np.zeros_like(self.replicas))
+            self.adam_steps[w] += 1
+            m, v = self.adam_moments
+            self.adamw.step(self.replicas[w], m[w], v[w], int(self.adam_steps[w]), self.gradients[w])
+        elif action.optimizer == "sgd":
+            self.optimizer.step(self.replicas[w], self.replica_velocity[w], self.gradients[w])
+        else:
+            raise ValueError(f"LocalUpdate.optimizer {action.optimizer!r} is not one the replay knows")
 
-    def _join(self, w: int) -> bool:
-        self._joined.append(w)
-        if len(self._joined) < self.workers:
+    def _join(self, w: int, key: object = None) -> bool:
+        """Worker ``w`` joins the collective ``key`` (several may be open: one per fragment); True for
+        the last of the W workers."""
+        joined = self._joins.setdefault(key, [])
+        joined.append(w)
+        if len(joined) < self.workers:
             return False
-        if sorted(self._joined) != list(range(self.workers)):
-            raise RuntimeError(f"a collective was joined by workers {sorted(self._joined)}, not each worker once")
-        self._joined.clear()
+        if sorted(joined) != list(range(self.workers)):
+            raise RuntimeError(f"a collective was joined by workers {sorted(joined)}, not each worker once")
+        joined.clear()
         return True
 
     def _allreduce(self, w, t, r, a, time, action) -> None:
@@ -232,6 +300,69 @@ class Replayer:
         else:
             self.optimizer.step(self.server, self.server_velocity, sent * (1.0 / self.workers))
         self._new_version(a, time, SERVER)
+
+    def _compressors(self, key: tuple, make: Callable[[], object]) -> list:
+        """The workers' compressors for ``key`` (made on first use; a run's plan has one kind)."""
+        if self._compressor_key != key:
+            if self._compressor_key is not None:
+                raise RuntimeError(f"a run's compressed all-reduce changed from {self._compressor_key} to {key}: "
+                                   f"the replay keeps one compressor state per worker")
+            self._compressor_key = key
+            self.compressors = [make() for _ in range(self.workers)]
+        return self.compressors
+
+    def _low_rank(self, w, t, r, a, time, action) -> None:
+        if not self._join(w):
+            return
+        problem = self.problem
+
+        def make() -> LowRank:
+            shapes = tuple(tuple(int(n) for n in shape) for shape in problem.shapes)
+            values = sum(math.prod(shape) for shape in shapes)
+            if values != problem.dim:
+                raise ValueError(f"{type(problem).__name__}.shapes hold {values} values but its dim is "
+                                 f"{problem.dim}")
+            return LowRank(layout(shapes, action.rank, action.min_compression), seed=self.seed,
+                           send=self.wire.send)
+
+        workers = self._compressors(("powersgd", action.rank, action.min_compression), make)
+        mean = self.wire.mean
+        # round one: the uncompressed values and every P; the compressors send them at wire precision
+        starts = [c.start(g) for c, g in zip(workers, self.gradients)]
+        plain = mean(np.stack([plain for plain, _ in starts]))
+        p_mean = [mean(np.stack([ps[i] for _, ps in starts])) for i in range(len(starts[0][1]))]
+        # round two: every Q = MᵀP̂
+        middles = [c.middle(p_mean) for c in workers]
+        q_mean = [mean(np.stack([qs[i] for qs in middles])) for i in range(len(middles[0]))]
+        # every worker computes the same applied gradient (same means, same arithmetic); each keeps its residual
+        applied = [c.finish(plain, q_mean) for c in workers]
+        self._apply(applied[0], a, time)
+
+    def _sparse(self, w, t, r, a, time, action) -> None:
+        if not self._join(w):
+            return
+        dim = self.problem.dim
+        k = top_k(dim, action.ratio)
+        workers = self._compressors(("topk", k), lambda: Sparsifier(dim, k, send=self.wire.send))
+        sent = [c.compress(g) for c, g in zip(workers, self.gradients)]
+        # all-gather: every worker receives every (indices, values) as sent and sums them itself
+        self._apply(scatter_mean([i for i, _ in sent], [v for _, v in sent], dim), a, time)
+
+    def _apply(self, gradient: np.ndarray, a: int, time: float) -> None:
+        self.reduced = gradient
+        self.optimizer.step(self.replicas, self.replica_velocity, gradient)
+        self._new_version(a, time, REPLICAS)
+
+    def _outer(self, w, t, r, a, time, action) -> None:
+        if not self._join(w, ("outer", action.fragment)):
+            return
+        start, stop = fragment_bounds(self.problem.dim, action.fragments)[action.fragment]
+        outer = self.outer[start:stop]
+        # the mean pseudo-gradient: each worker sends (last outer value - its replica) at wire precision
+        pseudo = self.wire.mean(outer[None, :] - self.replicas[:, start:stop])
+        Nesterov(action.lr, action.momentum).step(outer, self.outer_velocity[start:stop], pseudo)
+        self.replicas[:, start:stop] = outer
+        self._pending = (a, time)
 
     def _wait(self, w, t, r, a, time, action) -> None:
         return None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
-from syncsim.convergence import LogisticRegression, Replayer
+from syncsim.convergence import LogisticRegression, Quadratic, Replayer
 from tests.conftest import PROFILE
 
 LINK = Link("10Gbit/s", "5us")
@@ -47,3 +49,29 @@ def assert_same(actual: np.ndarray, expected: np.ndarray, problem) -> None:
 
 jitters = st.sampled_from([0.0, 0.1, 0.5])
 seeds = st.integers(0, 2**16)
+
+
+@dataclass(frozen=True)
+class ShapedQuadratic(Quadratic):
+    """A Quadratic whose flat parameters are the tensors ``layout`` laid end to end (a low-rank
+    compressor's matrices): generic gradients of chosen shapes, cheap and exact."""
+
+    layout: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        return self.layout or ((self.dim,),)
+
+
+tensor_shapes = st.lists(st.one_of(st.tuples(st.integers(1, 5), st.integers(1, 5)), st.tuples(st.integers(1, 4))),
+                         min_size=1, max_size=3).map(tuple)
+
+
+@st.composite
+def shaped_quadratics(draw) -> ShapedQuadratic:
+    """A ShapedQuadratic of 1-3 tensors (matrices up to 5 × 5, vectors up to 4), noisy per-sample gradients."""
+    layout = draw(tensor_shapes)
+    dim = sum(int(np.prod(shape)) for shape in layout)
+    eigenvalues = draw(st.lists(st.floats(0.1, 2.0), min_size=dim, max_size=dim).map(tuple))
+    return ShapedQuadratic(eigenvalues, noise=draw(st.floats(0.0, 1.0)), pool=draw(st.integers(8, 64)),
+                           seed=draw(seeds), layout=layout)
