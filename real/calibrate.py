@@ -23,6 +23,16 @@ this very setup; "fit" keeps the raw sweeps and the quality of each fit.
   as noise; R² and relative residuals are reported. The worker link takes
   the per-hop α and the all-reduce bandwidth (what collectives see), the
   server link the ping-pong fit (what point-to-point pushes see).
+- Compression (``measure_compression``): the rates at which a worker does a compressor's own work,
+  the workload's ``compress_flops`` and ``scan_rate``, timed on what runs it: the executor carries
+  out PowerSGD and top-k with syncsim.compression, numpy in float64 on the CPU, with as many BLAS
+  threads as a rank gets. ``compress_flops``: PowerSGD's thin products P = MQ, Q = MᵀP and PQᵀ at
+  the model's own matrix shapes and ``--rank`` (6·rows·cols·r FLOPs a matrix, over their time).
+  ``scan_rate``: values/s of a partition of a gradient of the model's size around its top 1 %
+  (top-k's costliest pass). Timed alone and on every rank at once, as compute is; the workload
+  takes the concurrent rates. As a check, the whole of top-k's and PowerSGD's per-worker work
+  (syncsim.compression's Sparsifier and LowRank, stage by stage) is timed too and set beside what the
+  simulator charges for it at those rates (syncsim.engine.compression_work).
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ from syncsim.arguments import ArgumentParser, check_count, fail, integer
 from syncsim.files import check_out_file
 from syncsim.limits import MAX_GPUS, check_memory
 
-__all__ = ["main", "fit_linear", "fit_theil_sen", "link_fits", "measure_compute"]
+__all__ = ["main", "fit_linear", "fit_theil_sen", "link_fits", "measure_compute", "measure_compression"]
 
 MAX_REPEATS = 10_000  # repeats per message size: 64 MiB messages 10,000 times is hours already
 
@@ -120,15 +130,97 @@ def measure_compute(model_name: str, batch_size: int, amp: bool, device: str = "
     return workload
 
 
+def _median_seconds(work, repeats: int, warmup: int = 2) -> float:
+    times = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        work()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def measure_compression(model_name: str, rank: int = 1, repeats: int = 7, threads: int = 1) -> dict:
+    """The rates of a compressor's own work on this machine (syncsim's Workload.compress_flops and
+    scan_rate), timed with syncsim.compression's own arithmetic: numpy, float64, ``threads`` BLAS threads.
+
+    compress_flops: PowerSGD's three thin products per matrix (P = MQ, Q = MᵀP, PQᵀ: 6·rows·cols·r FLOPs)
+    over the matrices torch's rule compresses at ``rank`` (syncsim.schemes.allreduce.matrix_split; every
+    tensor of two or more dimensions if none qualifies). scan_rate: the gradient's values over the time of
+    np.partition of them around the top 1 % (TopK's default ratio): the pass that finds the k-th
+    magnitude, the costliest of top-k's (numpy's introselect). "check": the whole of top-k's and
+    PowerSGD's per-worker work, timed, beside what the simulator charges for it at these rates."""
+    from threadpoolctl import threadpool_limits
+
+    from real.models import build
+    from syncsim.compression import LowRank, Sparsifier, layout, scatter_mean
+    from syncsim.engine import compression_work
+    from syncsim.schemes import AllReduce, SparseAllGather, TopK
+
+    model = build(model_name, 0)
+    shapes = tuple(tuple(int(d) for d in q.shape) for q in model.parameters() if q.requires_grad)
+    n = sum(int(np.prod(shape)) for shape in shapes)
+    rng = np.random.default_rng(0)
+    scheme = AllReduce(compression="powersgd", rank=rank)
+    action = scheme.low_rank(4.0 * n, None, shapes)
+    matrices = action.matrices or tuple((shape[0], int(np.prod(shape)) // shape[0]) for shape in shapes
+                                        if len(shape) > 1)
+    factors = [(rng.standard_normal((rows, cols)), rng.standard_normal((cols, min(rank, rows, cols))))
+               for rows, cols in matrices]
+    flops = sum(6 * m.shape[0] * m.shape[1] * q.shape[1] for m, q in factors)
+
+    def products():
+        for m, q in factors:
+            p = m @ q
+            back = m.T @ p
+            p @ back.T
+
+    gradient = rng.standard_normal(n)
+    k = TopK().k(n)
+    with threadpool_limits(threads, user_api="blas"):
+        product_seconds = _median_seconds(products, repeats) if factors else None
+        magnitude = np.abs(gradient)  # the pass alone: |Δ| is a pass of its own (compression_work counts it)
+        partition_seconds = _median_seconds(lambda: np.partition(magnitude, n - k), repeats)
+        # the check: the compressors as the executor runs them, stage by stage, one worker (W = 1)
+        sparsifier = Sparsifier(n, k)
+
+        def sparse():
+            indices, values = sparsifier.compress(gradient)
+            scatter_mean([indices], [values], n)
+
+        topk_seconds = _median_seconds(sparse, repeats)
+        low_rank = LowRank(layout(shapes, rank, scheme.min_compression))
+
+        def powersgd():
+            plain, ps = low_rank.start(gradient)
+            qs = low_rank.middle(ps)
+            low_rank.finish(plain, qs)
+
+        powersgd_seconds = _median_seconds(powersgd, repeats)
+    compress_flops = flops / product_seconds if product_seconds else None
+    scan_rate = n / partition_seconds
+
+    def priced(work) -> float:
+        return sum((f / compress_flops if compress_flops else 0.0) + v / scan_rate for f, v in work)
+
+    sparse_action = SparseAllGather(values=k, size=n, value_bytes=4)
+    return {"compress_flops": compress_flops, "scan_rate": scan_rate, "rank": rank, "threads": threads,
+            "matrices": [list(m) for m in matrices], "values": n, "k": k, "product_seconds": product_seconds,
+            "product_flops": flops, "partition_seconds": partition_seconds,
+            "check": {"topk": {"measured": topk_seconds, "priced": priced(compression_work(sparse_action, 1))},
+                      "powersgd": {"measured": powersgd_seconds, "priced": priced(compression_work(action, 1))}}}
+
+
 # -- the probe each rank runs ------------------------------------------------------
-def probe(out: str, repeats: int, model_name: str, batch_size: int, sizes: tuple[int, ...] = SIZES) -> None:
+def probe(out: str, repeats: int, model_name: str, batch_size: int, sizes: tuple[int, ...] = SIZES,
+          powersgd_rank: int = 1) -> None:
     import torch
     import torch.distributed as dist
 
     die_with_parent()  # a probe rank ends with its launcher (real.lifeline)
     dist.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
-    results = {"pingpong": [], "allreduce": [], "compute_concurrent": {}}
+    results = {"pingpong": [], "allreduce": [], "compute_concurrent": {}, "compression_concurrent": {}}
     # Compute while every other rank computes too, as in training: ranks share
     # the machine's cores and memory bandwidth, which a lone process does not see.
     for amp in (False, True):
@@ -137,6 +229,15 @@ def probe(out: str, repeats: int, model_name: str, batch_size: int, sizes: tuple
         times = [None] * p
         dist.all_gather_object(times, workload.compute_time)
         results["compute_concurrent"]["amp" if amp else "fp32"] = float(np.mean(times))
+    dist.barrier()  # compression's rates, every rank at once too
+    rates = measure_compression(model_name, powersgd_rank, max(3, repeats),
+                                int(os.environ.get("OMP_NUM_THREADS", "1")))
+    gathered = [None] * p
+    dist.all_gather_object(gathered, (rates["compress_flops"], rates["scan_rate"]))
+    for i, name in enumerate(("compress_flops", "scan_rate")):
+        values = [g[i] for g in gathered if g[i] is not None]
+        # the ranks' mean time per unit of work (a harmonic mean of their rates), as compute takes the mean time
+        results["compression_concurrent"][name] = float(len(values) / sum(1 / v for v in values)) if values else None
     for size in sizes:
         buf = torch.zeros(size // 4, dtype=torch.float32)
         reps = repeats if size < 2**24 else max(3, repeats // 3)
@@ -169,13 +270,14 @@ def probe(out: str, repeats: int, model_name: str, batch_size: int, sizes: tuple
     dist.destroy_process_group()
 
 
-def measure_network(world: int, repeats: int, model_name: str, batch_size: int) -> dict:
+def measure_network(world: int, repeats: int, model_name: str, batch_size: int, rank: int = 1) -> dict:
     from real.run import start_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "probe.json")
         start_ranks(max(2, world), "real.calibrate", ["--probe", out, "--repeats", str(repeats),
-                                                      "--model", model_name, "--batch-size", str(batch_size)])
+                                                      "--model", model_name, "--batch-size", str(batch_size),
+                                                      "--rank", str(rank)])
         return json.loads(Path(out).read_text())
 
 
@@ -190,17 +292,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=integer, default=32)
     ap.add_argument("--amp", action="store_true", help="use the autocast compute time as the workload")
     ap.add_argument("--repeats", type=integer, default=7)
+    ap.add_argument("--rank", type=integer, default=1,
+                    help="PowerSGD rank whose thin products set compress_flops (torch's default: 1)")
     ap.add_argument("--out", default="results/real/calibration.json")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe:
-        probe(args.probe, args.repeats, args.model, args.batch_size)
+        probe(args.probe, args.repeats, args.model, args.batch_size, powersgd_rank=args.rank)
         return 0
     try:
         # the same bounds as a real run's, then the output file: all before anything is measured
         RunConfig(world=args.world, servers=0, model=args.model, batch_size=args.batch_size, out=tempfile.gettempdir())
         check_count("--servers", args.servers, 0, MAX_GPUS)
         check_count("--repeats", args.repeats, 1, MAX_REPEATS)
+        check_count("--rank", args.rank, 1, 2**20)
         check_memory("real.calibrate", max(2, args.world), "ranks on this machine", RANK_BYTES, "lower --world")
         check_out_file(args.out)
     except ValueError as err:
@@ -213,13 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     plain = measure_compute(args.model, args.batch_size, amp=False)
     mixed = measure_compute(args.model, args.batch_size, amp=True)
-    net = measure_network(args.world, args.repeats, args.model, args.batch_size)
+    compression = measure_compression(args.model, args.rank, args.repeats, threads)
+    net = measure_network(args.world, args.repeats, args.model, args.batch_size, args.rank)
     p = net["world"]
     concurrent = net["compute_concurrent"]
     fit = {"model": args.model, "batch_size": args.batch_size, "threads": threads, "torch": torch.__version__,
            "compute": {name: {"compute_time": w.compute_time, "backward_fraction": w.backward_fraction,
                               "compute_time_concurrent": concurrent[name]}
-                       for name, w in (("fp32", plain), ("amp", mixed))}}
+                       for name, w in (("fp32", plain), ("amp", mixed))},
+           "compression": compression | {"concurrent": net["compression_concurrent"]}}
     fit.update(link_fits(net))
     link = Link(bandwidth=fit["allreduce"]["bandwidth"], latency=fit["allreduce"]["alpha"])
     server_link = Link(bandwidth=fit["pingpong"]["bandwidth"], latency=fit["pingpong"]["alpha"])
@@ -229,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     # The workload takes the time measured with all ranks computing at once:
     # that is what a rank of a real run gets.
     workload = mixed if args.amp else plain
-    workload = workload.replace(compute_time=concurrent["amp" if args.amp else "fp32"])
+    workload = workload.replace(compute_time=concurrent["amp" if args.amp else "fp32"],
+                                **net["compression_concurrent"])  # compress_flops, scan_rate: every rank at once
     from real.trace import write_atomic
 
     write_atomic(args.out, json.dumps({"cluster": cluster.to_dict(), "workload": workload.to_dict(), "fit": fit},
@@ -237,6 +345,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"real.calibrate: {args.model} batch {args.batch_size}: compute {plain.compute_time * 1e3:.2f} ms alone, "
           f"{concurrent['fp32'] * 1e3:.2f} ms with {p} ranks computing (backward {plain.backward_fraction:.0%}); "
           f"with autocast {mixed.compute_time * 1e3:.2f} ms alone, {concurrent['amp'] * 1e3:.2f} ms with {p} ranks")
+    rates, check = net["compression_concurrent"], compression["check"]
+    flops_text = (f"{compression['compress_flops'] / 1e9:.2f} GFLOP/s alone, {rates['compress_flops'] / 1e9:.2f} "
+                  f"with {p} ranks" if rates["compress_flops"] else "not measured (no matrix)")
+    print(f"real.calibrate: compression: thin products (rank {args.rank}, {len(compression['matrices'])} matrices) "
+          f"{flops_text}; scan {compression['scan_rate'] / 1e6:.1f} M values/s alone, "
+          f"{rates['scan_rate'] / 1e6:.1f} with {p} ranks (partition of {compression['values']:,} values)")
+    print(f"real.calibrate: compression check, one worker alone: top-k's own work "
+          f"{check['topk']['measured'] * 1e3:.2f} ms measured, {check['topk']['priced'] * 1e3:.2f} ms priced at "
+          f"these rates; PowerSGD's "
+          f"{check['powersgd']['measured'] * 1e3:.2f} ms measured, {check['powersgd']['priced'] * 1e3:.2f} ms priced")
     for name in ("allreduce", "pingpong"):
         f = fit[name]
         launch = f" + launch {f['launch'] * 1e6:.1f} us" if "launch" in f else ""

@@ -100,6 +100,8 @@ class RunConfig:
     batch_size: int = 32
     """Samples per worker per step."""
     lr: float = 0.05
+    """Learning rate of the workers' optimiser: plain SGD, or AdamW (torch's defaults otherwise) where the
+    scheme's local steps say so (``diloco``'s ``inner=adamw``); the servers' SGD."""
     backend: str = "gloo"
     device: str = "cpu"
     seed: int = 0
@@ -248,14 +250,15 @@ def parser(prog: str = "python -m real.run") -> argparse.ArgumentParser:
     d = argparse.Namespace(**{f.name: f.default for f in fields(RunConfig)})
     p = ArgumentParser(prog=prog, description="Run a syncsim scheme for real with torch.distributed.")
     p.add_argument("--scheme", default=d.scheme, help='scheme spec, e.g. "allreduce:precision=fp16", '
-                   '"ps:staleness=2", "localsgd:period=4,warmup_steps=2"')
+                   '"ps:staleness=2", "localsgd:period=4,warmup_steps=2", "allreduce:compression=powersgd,rank=2", '
+                   '"topk:ratio=0.01", "diloco:period=8,fragments=2"')
     p.add_argument("--world", type=integer, default=d.world, help="worker ranks")
     p.add_argument("--servers", type=integer, default=d.servers, help="parameter-server ranks (ps schemes)")
     p.add_argument("--model", default=d.model, help=f"one of {', '.join(MODELS)}")
     p.add_argument("--data", default=d.data, help=f"one of {', '.join(DATA)}")
     p.add_argument("--steps", type=integer, default=d.steps)
     p.add_argument("--batch-size", type=integer, default=d.batch_size)
-    p.add_argument("--lr", type=number, default=d.lr)
+    p.add_argument("--lr", type=number, default=d.lr, help="learning rate (SGD, or the scheme's AdamW local steps)")
     p.add_argument("--backend", default=d.backend, help="gloo or nccl")
     p.add_argument("--device", default=d.device, help="cpu or cuda")
     p.add_argument("--seed", type=integer, default=d.seed)

@@ -14,11 +14,27 @@ AllReduceGradients) but never at the scheme's type.
   not the averager, decides when) in fp32; in fp16/bf16 the flat parameters
   are cast, all-reduced and cast back, since torch's averager has no compression.
 - Push / WaitForClock / Pull: real.server.Client.
+- LowRankAllReduce (PowerSGD) and SparseAllGather (top-k): the backward runs
+  without DDP; the flat gradient goes to the rank's compressor from
+  syncsim.compression (numpy, on the CPU: the numerics the replay runs too),
+  and between its stages the rank all-reduces (then divides by W: the mean) or
+  all-gathers what the compressor hands it, cast to the wire dtype. The
+  gradient the compressor returns is written into ``.grad`` and the optimizer
+  steps. No bucket overlap (the simulator models none either).
+- LocalUpdate: the action's optimiser: "sgd" (the run's SGD) or "adamw"
+  (torch.optim.AdamW with the run's lr and torch's defaults), each keeping its
+  own state over the run.
+- OuterStep (DiLoCo): the mean over workers of (the fragment's last outer
+  value − its value now), all-reduced at the wire dtype, is the gradient of an
+  outer torch.optim.SGD (Nesterov when momentum > 0) that steps a separate
+  copy of the fragment's last outer value; every replica's fragment then takes
+  the result.
 
-Versions follow the glossary: replica schemes count all-reduce steps and
-averaging rounds; local steps read and are applied to the version of the last
-sync and are stamped with the next averaging's time. PS versions are the first
-server's (it writes those updates rows).
+Versions follow the glossary: replica schemes count all-reduce steps (PowerSGD
+and top-k steps too), averaging rounds and outer steps; local steps read and
+are applied to the version of the last sync and are stamped with the next
+averaging's (or outer step's) time. PS versions are the first server's (it
+writes those updates rows).
 """
 
 from __future__ import annotations
@@ -29,6 +45,7 @@ import statistics
 import time
 import warnings
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -37,19 +54,25 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from real.heartbeat import Quiet
 from real.hooks import WIRE_DTYPES, CountingHookState, counting_hook
-from real.models import param_layers
+from real.models import param_layers, param_shapes
 from real.server import Client
 from real.trace import Recorder
+from syncsim.compression import LowRank, Sparsifier, layout, scatter_mean
 from syncsim.schemes import (
     SERVER_ACTIONS,
     AllReduceGradients,
     AverageParameters,
     Compute,
     LocalUpdate,
+    LowRankAllReduce,
+    OuterStep,
     Pull,
     Push,
+    SparseAllGather,
     WaitForClock,
 )
+from syncsim.schemes.diloco import fragment_bounds
+from syncsim.schemes.topk import top_k
 
 __all__ = ["Executor", "checksum", "flat_params"]
 
@@ -69,6 +92,13 @@ WARM_FORWARDS = 5
 # ms in four processes one after another here), and a calibration's slowed rank and the run it predicts
 # slept 31-34 ms and 25 ms a step: a config can give the forward to size from (RunConfig.slow), as
 # studies.validation gives the run the one its compute probe timed.
+
+
+# LocalUpdate.optimizer -> the worker's own optimiser on (parameters, the run's lr), torch's defaults otherwise.
+# "sgd" is not here: it is the run's own SGD (Executor.optimizer), which the all-reduce steps share.
+LOCAL_OPTIMIZERS = {
+    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),
+}
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
@@ -95,7 +125,9 @@ class Executor:
         self.group = workers_group
         layers = param_layers(model)
         self.param_bytes = sum(layers)
-        self.policy = self.spec.policy(self.param_bytes, layers=layers)
+        # the model's own tensor shapes: what a low-rank compressor views as matrices
+        self.shapes = param_shapes(model)
+        self.policy = self.spec.policy(self.param_bytes, layers=layers, shapes=self.shapes)
         self.optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         self.wire_dtype = WIRE_DTYPES[self.spec.precision]
         self.bytes_sent = 0
@@ -137,10 +169,54 @@ class Executor:
         if kinds.intersection(SERVER_ACTIONS):
             numel = sum(p.numel() for p in model.parameters())
             self.client = client if client is not None else Client(cfg.world, cfg.servers, numel, self.wire_dtype)
+        # a local optimiser other than the run's SGD (LocalUpdate.optimizer), each with its state over the run
+        self.local_optimizers = {name: LOCAL_OPTIMIZERS[name](model.parameters(), cfg.lr)
+                                 for name in sorted({a.optimizer for a in actions if isinstance(a, LocalUpdate)}
+                                                    - {"sgd"})}
+        self._setup_compressors(actions)
+        self._setup_outer(actions)
         self.handlers = {
             Compute: self.compute, AllReduceGradients: self.allreduce, LocalUpdate: self.local_update,
             AverageParameters: self.average, Push: self.push, WaitForClock: self.wait, Pull: self.pull,
+            LowRankAllReduce: self.low_rank, SparseAllGather: self.sparse_allgather, OuterStep: self.outer_step,
         }
+
+    def _setup_compressors(self, actions) -> None:
+        """One compressor (syncsim.compression) per distinct compressing action of the plan: this rank's
+        error-feedback residual and PowerSGD's warm-started Q, kept over the run. What it sends is rounded to
+        the wire's precision by the replay's own rounding (syncsim.convergence.wire), so that the residual
+        keeps exactly what the replay's does; at fp16/bf16 the cast to the wire dtype is then exact, at fp32
+        it rounds float64 to float32 (the replay keeps float64: float32 drift)."""
+        self.compressors: dict = {}
+        compressing = [a for a in actions if isinstance(a, (LowRankAllReduce, SparseAllGather))]
+        if not compressing:
+            return
+        from syncsim.convergence.wire import Wire  # imports pandas: only on ranks that compress
+
+        send = Wire(self.spec.precision).send
+        numel = sum(p.numel() for p in self.model.parameters())
+        for action in compressing:
+            if isinstance(action, LowRankAllReduce):
+                segments = layout(self.shapes, action.rank, action.min_compression)
+                self.compressors[action] = LowRank(segments, seed=self.cfg.seed, send=send)
+            else:  # k as the action has it, or its share of this model's size if the plan was sized otherwise
+                k = action.values if action.size == numel else top_k(numel, action.ratio)
+                self.compressors[action] = Sparsifier(numel, k, send=send)
+
+    def _setup_outer(self, actions) -> None:
+        """For each fragment an OuterStep synchronises: a separate copy of its last outer value (at first the
+        initial parameters, the same on every rank) and the outer SGD that steps that copy."""
+        self.outer: dict = {}
+        numel = sum(p.numel() for p in self.model.parameters())
+        initial = flat_params(self.model)
+        for action in sorted((a for a in actions if isinstance(a, OuterStep)), key=lambda a: a.fragment):
+            bounds = fragment_bounds(numel, action.fragments)[action.fragment]
+            if bounds in self.outer:
+                continue
+            anchor = initial[bounds[0]:bounds[1]].clone().to(self.device).requires_grad_(True)
+            outer = torch.optim.SGD([anchor], lr=action.lr, momentum=action.momentum,
+                                    nesterov=action.momentum > 0)
+            self.outer[bounds] = (anchor, outer)
 
     def _setup_amp(self, applies_locally: bool) -> None:
         # bf16 autocast on CPU (CPU autocast's default dtype); on CUDA fp16 +
@@ -148,6 +224,8 @@ class Executor:
         # the gradient. Pushed gradients are applied by the servers, which
         # would have to undo a loss scale, so push plans autocast to bf16 (no
         # scaling needed: bf16 has fp32's exponent range).
+        # A compressed gradient (PowerSGD, top-k) is not among those applied locally here either: its
+        # error-feedback residual would carry a loss scale from one step into the next.
         self.scaler = None
         if not self.cfg.use_amp:
             self.autocast = contextlib.nullcontext
@@ -243,12 +321,14 @@ class Executor:
                     times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    def _apply(self) -> None:
+    def _apply(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """One step of ``optimizer`` (the run's SGD unless given) on the gradients in ``.grad``."""
+        optimizer = self.optimizer if optimizer is None else optimizer
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)
+            self.scaler.step(optimizer)
             self.scaler.update()
         else:
-            self.optimizer.step()
+            optimizer.step()
 
     def allreduce(self, action: AllReduceGradients) -> None:
         state = self.hook_state
@@ -268,7 +348,7 @@ class Executor:
         # No trace row: like the optimiser step after an all-reduce, a local
         # update moves no bytes, and the simulator's trace lists only compute
         # and communication (syncsim.recorder.KINDS).
-        self._apply()
+        self._apply(None if action.optimizer == "sgd" else self.local_optimizers[action.optimizer])
         self.pending_local.append(self.step)
 
     def average(self, action: AverageParameters) -> None:
@@ -288,10 +368,104 @@ class Executor:
         self.bytes_sent += nbytes
         end = self.recorder.now()
         self.recorder.span(self.worker, self.step, "average", start, end, nbytes)
+        self._fold_local_steps(end)
+
+    def _fold_local_steps(self, end: float) -> None:
+        """A sync of the replicas' parameters (an average, an outer step): one new version, into which the
+        local steps since the last one are folded (they read, and are applied to, the version it closes)."""
         for step in self.pending_local:
             self.recorder.update(self.worker, step, self.version, self.version, end)
         self.pending_local = []
         self.version += 1
+
+    # -- compressed gradients and outer steps ----------------------------------------------------
+    def _flat_grad(self) -> np.ndarray:
+        return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()]).double().cpu().numpy()
+
+    def _set_grad(self, flat: np.ndarray) -> None:
+        values = torch.from_numpy(flat).to(self.device, torch.float32)
+        offset = 0
+        for p in self.model.parameters():
+            p.grad.copy_(values[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+
+    def _mean(self, values: np.ndarray) -> tuple[np.ndarray, int]:
+        """(the mean over workers of ``values``, bytes sent): cast to the wire dtype, all-reduced (the sum),
+        divided by W in float64."""
+        if values.size == 0:
+            return values, 0
+        wire = torch.from_numpy(values).to(self.device, self.wire_dtype)
+        with self.heartbeat.waiting_for_peers():
+            dist.all_reduce(wire, group=self.group)
+        return wire.double().div_(self.cfg.world).cpu().numpy(), wire.numel() * wire.element_size()
+
+    def _gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty_like(tensor) for _ in range(self.cfg.world)]
+        with self.heartbeat.waiting_for_peers():
+            dist.all_gather(parts, tensor, group=self.group)
+        return parts
+
+    def _applied(self, gradient: np.ndarray) -> None:
+        """Apply the gradient every replica applies this step: one new version, as an all-reduce step."""
+        self._set_grad(gradient)
+        self._apply()
+        self.recorder.update(self.worker, self.step, self.read_version, self.version, self.recorder.now())
+        self.version += 1
+
+    def low_rank(self, action: LowRankAllReduce) -> None:
+        compressor = self.compressors[action]
+        start = self.recorder.now()
+        plain, ps = compressor.start(self._flat_grad())
+        # round one: the uncompressed values and every P, in one all-reduce
+        first, sent = self._mean(np.concatenate([plain, *(p.reshape(-1) for p in ps)]))
+        plain_mean, offset, p_means = first[:plain.size], plain.size, []
+        for p in ps:
+            p_means.append(first[offset:offset + p.size].reshape(p.shape))
+            offset += p.size
+        middle = self.recorder.now()
+        self.recorder.span(self.worker, self.step, "allreduce", start, middle, sent)
+        # round two: every Q = Mᵀ·P̂
+        qs = compressor.middle(p_means)
+        second, sent_q = self._mean(np.concatenate([q.reshape(-1) for q in qs]) if qs else np.zeros(0))
+        q_means, offset = [], 0
+        for q in qs:
+            q_means.append(second[offset:offset + q.size].reshape(q.shape))
+            offset += q.size
+        self.recorder.span(self.worker, self.step, "allreduce", middle, self.recorder.now(), sent_q)
+        self.bytes_sent += sent + sent_q
+        self._applied(compressor.finish(plain_mean, q_means))
+
+    def sparse_allgather(self, action: SparseAllGather) -> None:
+        compressor = self.compressors[action]
+        start = self.recorder.now()
+        indices, values = compressor.compress(self._flat_grad())
+        index = torch.from_numpy(indices.astype(np.int32)).to(self.device)  # INDEX_BYTES each
+        value = torch.from_numpy(values).to(self.device, self.wire_dtype)
+        every_index, every_value = self._gather(index), self._gather(value)
+        sent = index.numel() * index.element_size() + value.numel() * value.element_size()
+        self.bytes_sent += sent
+        self.recorder.span(self.worker, self.step, "allgather", start, self.recorder.now(), sent)
+        applied = scatter_mean([i.cpu().numpy().astype(np.int64) for i in every_index],
+                               [v.double().cpu().numpy() for v in every_value], compressor.size)
+        self._applied(applied)
+
+    def outer_step(self, action: OuterStep) -> None:
+        start = self.recorder.now()
+        numel = sum(p.numel() for p in self.model.parameters())
+        lo, hi = fragment_bounds(numel, action.fragments)[action.fragment]
+        anchor, outer = self.outer[(lo, hi)]
+        # the pseudo-gradient, rounded to the wire and summed there; divided by W after, in fp32 (as averaging)
+        pseudo = (anchor.detach() - flat_params(self.model)[lo:hi].to(self.device)).to(self.wire_dtype)
+        with self.heartbeat.waiting_for_peers():
+            dist.all_reduce(pseudo, group=self.group)
+        nbytes = pseudo.numel() * pseudo.element_size()
+        anchor.grad = pseudo.float().div_(self.cfg.world)
+        outer.step()
+        self._load_slice(lo, anchor.detach())
+        self.bytes_sent += nbytes
+        end = self.recorder.now()
+        self.recorder.span(self.worker, self.step, "outer", start, end, nbytes)
+        self._fold_local_steps(end)
 
     def push(self, action: Push) -> None:
         start = self.recorder.now()
@@ -322,6 +496,16 @@ class Executor:
         with torch.no_grad():
             for p in self.model.parameters():
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def _load_slice(self, start: int, values: torch.Tensor) -> None:
+        """Set the flat parameters' values [start, start + len(values)) (across tensors as they fall)."""
+        stop, offset = start + values.numel(), 0
+        with torch.no_grad():
+            for p in self.model.parameters():
+                lo, hi = max(start, offset), min(stop, offset + p.numel())
+                if lo < hi:
+                    p.view(-1)[lo - offset:hi - offset].copy_(values[lo - start:hi - start])
                 offset += p.numel()
 
     # -- results ------------------------------------------------------------------

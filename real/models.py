@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["build", "MODELS", "param_layers"]
+__all__ = ["build", "MODELS", "param_layers", "param_shapes"]
 
 
 def lenet() -> nn.Module:
@@ -47,3 +47,9 @@ def build(name: str, seed: int) -> nn.Module:
 def param_layers(model: nn.Module) -> tuple[float, ...]:
     """fp32 bytes per parameter tensor in forward order: the ``layers`` a syncsim Workload takes."""
     return tuple(float(p.numel() * 4) for p in model.parameters() if p.requires_grad)
+
+
+def param_shapes(model: nn.Module) -> tuple[tuple[int, ...], ...]:
+    """The shape of each parameter tensor in forward order: the ``shapes`` a syncsim Workload takes (what a
+    low-rank compressor views as matrices, syncsim.compression.layout)."""
+    return tuple(tuple(int(d) for d in p.shape) for p in model.parameters() if p.requires_grad)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from real.config import DATA, MODELS
 from real.data import Dataset, load
-from real.models import build, param_layers
+from real.models import build, param_layers, param_shapes
 from syncsim.config import check_choice, check_int
 from syncsim.convergence import Problem, UpdateLog
 from syncsim.schemes import parse
@@ -81,6 +81,12 @@ class TorchProblem(Problem):
         return load(self.data, self.seed)
 
     @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The model's parameter tensors' shapes, in the flat parameters' order (what PowerSGD views as
+        matrices: syncsim.compression.layout)."""
+        return param_shapes(self.net)
+
+    @property
     def dim(self) -> int:
         return sum(p.numel() for p in self.net.parameters())
 
@@ -125,10 +131,12 @@ def _flat(tensors) -> np.ndarray:
 
 
 def load_log(out: str | Path) -> UpdateLog:
-    """The update log of the real run written to ``out`` (its summary.json and updates.csv)."""
+    """The update log of the real run written to ``out`` (its summary.json and updates.csv), with the plan
+    the run's executor made: for the model's layers and tensor shapes (real.executor.Executor)."""
     out = Path(out)
     config = json.loads((out / "summary.json").read_text())["config"]
-    layers = param_layers(build(config["model"], config["seed"]))
-    policy = parse(config["scheme"]).policy(sum(layers), layers=layers)
+    model = build(config["model"], config["seed"])
+    layers = param_layers(model)
+    policy = parse(config["scheme"]).policy(sum(layers), layers=layers, shapes=param_shapes(model))
     return UpdateLog(policy, config["world"], config["steps"], config["batch_size"],
                      pd.read_csv(out / "updates.csv"))

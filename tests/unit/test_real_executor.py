@@ -36,7 +36,7 @@ def worker(**attrs) -> SimpleNamespace:
                          wire_dtype=torch.float32, cfg=SimpleNamespace(world=3), group=None, scaler=None,
                          optimizer=torch.optim.SGD(net.parameters(), lr=0.5), backward_end=2.0, buckets=[],
                          heartbeat=Quiet())
-    for name in ("_load_flat", "_apply"):
+    for name in ("_load_flat", "_apply", "_fold_local_steps"):
         setattr(me, name, getattr(Executor, name).__get__(me))
     vars(me).update(attrs)
     return me
