@@ -30,6 +30,8 @@ examples:
   syncsim simulate --cluster my-cluster.toml --workload bert-large --scheme ps:staleness=2 --servers 8 --json
   syncsim compare --cluster h100-400g --gpus 256 --workload gpt2 --scheme allreduce --scheme allreduce:precision=fp16
   syncsim compare ... --scheme allreduce --scheme ps:mode=async --target accuracy=0.95
+  syncsim compare ... --scheme allreduce:compression=powersgd,rank=4 --scheme topk:ratio=0.01 \\
+                      --scheme diloco:period=100,fragments=4
   syncsim presets
 
 cluster and workload files are TOML (or JSON) with the fields of syncsim.Cluster / syncsim.Workload,
@@ -39,6 +41,8 @@ e.g. a cluster:
   nics_per_node = 8
   intra = { bandwidth = "240GB/s", latency = "3.4us" }
   inter = { bandwidth = "200Gbit/s", latency = "14us" }
+a workload's compress_flops (FLOP/s) and scan_rate (values/s) price compressors' own work (PowerSGD,
+top-k, DiLoCo's outer step); python -m real.calibrate measures both; unset, that work is free
 
 exit codes: 0 success, 2 bad input, 1 failure while running
 """
@@ -174,13 +178,14 @@ def _public(row: dict) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    header = f"{'scheme':34s} {'ms/step':>9s} {'samples/s':>11s} {'speedup':>8s} {'eff':>5s} {'stale':>6s}"
+    width = max(34, *(len(r["scheme"]) for r in rows))  # a long name (allreduce:compression=...) widens the column
+    header = f"{'scheme':{width}s} {'ms/step':>9s} {'samples/s':>11s} {'speedup':>8s} {'eff':>5s} {'stale':>6s}"
     with_target = any("target" in r for r in rows)
     if with_target:
         header += f" {'to target (s)':>14s} {'steps':>6s}"
     lines = [header]
     for r in rows:
-        line = (f"{r['scheme']:34s} {r['step_time'] * 1e3:9.2f} {r['throughput']:11,.0f} {r['speedup']:8.1f} "
+        line = (f"{r['scheme']:{width}s} {r['step_time'] * 1e3:9.2f} {r['throughput']:11,.0f} {r['speedup']:8.1f} "
                 f"{r['efficiency']:5.2f} {r['mean_staleness']:6.2f}")
         if with_target:
             line += f" {r['time_to_target']:14.2f} {r['steps_to_target']:6.0f}"
@@ -208,7 +213,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--gpus", type=_positive_int("--gpus"), help="scale the cluster to this many GPUs")
         p.add_argument("--workload", required=True, help="a preset or a .toml/.json file")
         if name == "simulate":
-            p.add_argument("--scheme", required=True, help="e.g. allreduce, ps:staleness=2, localsgd:period=8")
+            p.add_argument("--scheme", required=True, help="e.g. allreduce, ps:staleness=2, localsgd:period=8, "
+                                                            "allreduce:compression=powersgd,rank=4, topk:ratio=0.01, "
+                                                            "diloco:period=100")
         else:
             p.add_argument("--scheme", required=True, action="append", help="repeat for each scheme")
         p.add_argument("--steps", type=_positive_int("--steps"), default=100, help="steps per worker (100)")

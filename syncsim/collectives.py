@@ -99,6 +99,11 @@ then broadcast over all p GPUs, Thakur, Rabenseifner & Gropp 2005),
 unpipelined, every round at the slowest hop: 2⌈log₂ p⌉·(α + n/B). Not an
 NCCL algorithm; kept as the contrast the pipelined tree improves on.
 
+all-gather (``allgather_time``, what top-k's sparse gradients travel by) — one turn of NCCL's
+rings: p − 1 steps, each GPU sending (p − 1)·n of the gathered p·n over the ring all-reduce's
+resources; its critical path is p − 1 consecutive hops (``allgather_inter_hops`` of them between
+nodes).
+
 auto — what NCCL's tuner does for each collective: the fastest of the
 algorithms it has, ring and tree (its CollNet and NVLS algorithms need
 switch-side reduction, not modelled; ``hierarchical`` and ``binomial`` are
@@ -113,7 +118,7 @@ from collections.abc import Callable
 from syncsim.cluster import Cluster
 
 __all__ = [
-    "ALGORITHMS", "NCCL_ALGORITHMS", "allreduce_time", "choose",
+    "ALGORITHMS", "NCCL_ALGORITHMS", "allreduce_time", "allgather_time", "allgather_inter_hops", "choose",
     "ring_time", "tree_time", "hierarchical_time", "binomial_time", "tree_node_edges", "ring_inter_hops",
     "tree_efficiency",
     "pipeline_time",
@@ -241,23 +246,41 @@ def choose(algorithm: str, nbytes: float, cluster: Cluster) -> tuple[str, float]
     return algorithm, _TIMES[algorithm](cluster, nbytes)
 
 
+def allgather_inter_hops(nodes: int, gpus_per_node: int) -> int:
+    """Node boundaries on the all-gather's critical path: the most that p − 1 consecutive hops of a ring
+    cross. A ring enters and leaves every node once, so one turn (p hops) crosses m boundaries; p − 1
+    hops leave one hop out, an intra-node one when g ≥ 2 (m boundaries), a boundary when g = 1 (m − 1)."""
+    if nodes == 1:
+        return 0
+    return nodes - 1 if gpus_per_node == 1 else nodes
+
+
 def allgather_time(cluster: Cluster, nbytes: float) -> float:
     """Seconds for a ring all-gather in which each of the p GPUs contributes ``nbytes``.
 
-    NCCL runs all-gather as one pass of its rings (src/graph/tuning.cc gives AllGather
-    nSteps = nRanks − 1 where AllReduce has 2·(nRanks − 1)): every GPU sends and receives the
-    other (p − 1) contributions, (p − 1)/p of the gathered p·n bytes, through the same resources
-    as ring all-reduce's (so its bus bandwidth is the all-reduce's, nccl-tests' PERFORMANCE.md),
-    and a piece of data crosses half the hops of all-reduce's two turns of the ring."""
+    NCCL runs all-gather on its rings only, one pass of p − 1 steps where all-reduce makes 2(p − 1)
+    (src/graph/tuning.cc, ncclTopoTuneModel: ``nsteps = nRanks-1`` for AllGather; NCCL's tuner prices
+    it as latency + nBytes/algBw with nBytes the gathered p·n, src/include/info.h's ncclInfoSetDerived,
+    and algBw = busBw·p/(p − 1)):
+    every GPU sends, and receives, the other p − 1 contributions, (p − 1)·n bytes, through the same
+    resources as ring all-reduce's, so its bus bandwidth is the all-reduce's (nccl-tests,
+    doc/PERFORMANCE.md: busBw = algBw·(p − 1)/p for all-gather, 2(p − 1)/p for all-reduce). A piece of
+    data crosses p − 1 consecutive hops (allgather_inter_hops of them between nodes):
+
+        T = L + (p − 1 − h_n)·α_i + h_n·α_n + (p − 1)·n·max(s/B_i, 1/(r·B_n)),
+
+    with s the busiest GPU's share of its sends over its intra link (as for the ring all-reduce). With
+    g = 1, r = 1 and L = 0 it is the textbook ring all-gather (p − 1)·α + (p − 1)·n/B (Thakur,
+    Rabenseifner & Gropp 2005, the ring allgather)."""
     m, g, a_i, b_i, a_n = _terms(cluster)
     p = m * g
     if p <= 1 or nbytes <= 0:
         return 0.0
     r = cluster.nics_per_node
-    share = 1 - (r // g) / r if m > 1 else 1.0
+    share = 1 - (r // g) / r if m > 1 else 1.0  # of a GPU's sends that go over its intra link (ring_time)
     per_byte = max(share / b_i if g > 1 else 0.0, 1 / cluster.node_bandwidth if m > 1 else 0.0)
-    inter = ring_inter_hops(m, g)
-    hops = ((2 * (p - 1) - inter) * a_i + inter * a_n) / 2
+    inter = allgather_inter_hops(m, g)
+    hops = (p - 1 - inter) * a_i + inter * a_n
     return cluster.collective_latency + hops + (p - 1) * nbytes * per_byte  # type: ignore[operator]
 
 

@@ -34,12 +34,14 @@ ALLGATHER = "allgather"
 
 class _Pending:
     __slots__ = ("kind", "step", "buckets", "ready", "algorithm", "base", "span", "computed", "arrived", "done",
-                 "last")
+                 "last", "lead", "tail")
 
     def __init__(self, env: simpy.Environment, workers: int, kind: str, step: int, buckets: tuple[float, ...],
-                 ready: tuple[float, ...], algorithm: str, last: bool) -> None:
+                 ready: tuple[float, ...], algorithm: str, last: bool, lead: float, tail: float) -> None:
         self.kind = kind
         self.last = last                   # whether it completes the step's synchronisation (a new version)
+        self.lead = lead                   # seconds every worker works on its contribution before sending it
+        self.tail = tail                   # seconds every worker works on the result after it arrives
         self.step = step
         self.buckets = buckets
         self.ready = np.asarray(ready, dtype=float)
@@ -121,17 +123,24 @@ class Communicator:
         return seconds - credit / self.rate
 
     def join(self, worker: int, step: int, kind: str, buckets: tuple[float, ...], ready: tuple[float, ...],
-             algorithm: str, base: float, span: float, computed: bool, last: bool = True) -> simpy.Event:
+             algorithm: str, base: float, span: float, computed: bool, last: bool = True, lead: float = 0.0,
+             tail: float = 0.0) -> simpy.Event:
         """Contribute to the current collective; returns the event that fires when it completes.
 
-        Bucket b of this worker is ready at ``base + span * ready[b]``;
+        Bucket b of this worker is ready at ``base + span * ready[b] + lead``;
         ``computed`` says the span is a compute phase whose trace row the
         collective records (vectorised) on the worker's behalf. ``last`` False: a collective that
         does not yet finish the step's synchronisation (PowerSGD's first round), no new version.
+        ``lead`` and ``tail``, the same for every worker: seconds each worker works on its contribution
+        before sending it (compression; no trace row of its own: it lies between the rows, like a
+        wait), and on the result before it is applied (decompression): the event fires, the trace rows
+        end and the new version lands that much after the collective's end; the links are free from
+        its end.
         """
         pending = self._pending
         if pending is None:
-            pending = self._pending = _Pending(self.env, self.workers, kind, step, buckets, ready, algorithm, last)
+            pending = self._pending = _Pending(self.env, self.workers, kind, step, buckets, ready, algorithm, last,
+                                               lead, tail)
         pending.base[worker] = base
         pending.span[worker] = span
         pending.computed[worker] = computed
@@ -145,6 +154,8 @@ class Communicator:
         env, recorder, state = self.env, self.recorder, self.state
         # ready[w, b] = base[w] + span[w] * ready[b]; bucket b can start once every worker has it.
         bucket_ready = (pending.base[:, None] + pending.span[:, None] * pending.ready[None, :]).max(axis=0)
+        if pending.lead:
+            bucket_ready = bucket_ready + pending.lead
         clock = self.free_at
         first = None
         for b, nbytes in enumerate(pending.buckets):
@@ -156,8 +167,8 @@ class Communicator:
                 seconds = self._shaped(seconds, self.wire_bytes(ran, nbytes), start - clock)
             clock = start + seconds
             recorder.collective(pending.step, pending.kind, b, nbytes, ran, start, clock)
-        end = clock
-        self.free_at = end
+        self.free_at = clock
+        end = clock + pending.tail if pending.tail else clock  # the result is usable once decompressed
         workers = self._all
         if pending.computed.any():
             who = workers[pending.computed]

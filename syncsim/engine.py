@@ -12,6 +12,15 @@ compute that starts after its worker sat idle since its last one (waiting for
 parameter servers) lasts ``Workload.idle_extra`` of that idle time longer; a
 worker that waited for a collective of its own was not idle (the collective's
 reduction runs on its processor) and pays nothing.
+
+Compressors' own work (``compression_work``) is charged at the workload's physical rates
+(``Workload.compress_flops``, ``Workload.scan_rate``) where it falls: the work before a collective
+delays the worker's contribution (the collective starts when the slowest worker's is ready; the
+time lies between the trace rows, like waiting), the work after its last collective (decompression)
+ends the collective's trace row and lands the new version that much later. Unset rates cost nothing.
+Every worker works at the same rates: the cluster's speed factors, jitter and stragglers scale the
+model's compute only, and replayed compute times (``simulate(compute_times=...)``) leave the
+compressors' work priced as it is.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from syncsim.schemes import (
 from syncsim.server import ServerGroup
 from syncsim.workload import Workload
 
-__all__ = ["simulate", "speedup"]
+__all__ = ["simulate", "speedup", "compression_work"]
 
 _GENERATOR = type(x for x in ())
 
@@ -56,6 +65,45 @@ _COLLECTIVES = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseA
 # Collectives after which every worker's gradient of the step has been applied (one update row each);
 # the others (parameter averaging, outer steps) fold the workers' local steps into the new version.
 _GRADIENT_COLLECTIVES = ("allreduce", "allgather")
+
+
+def compression_work(action: object, workers: int) -> tuple[tuple[float, float], ...]:
+    """(FLOPs, values passed over) of one worker's own work at each stage of ``action``, ``workers``
+    workers: before its first collective, between its collectives, after its last. Empty for an
+    action without such work. Counted from the numerics every executor runs (syncsim.compression);
+    elementwise passes over O(k) or O(rank·(rows + cols)) values beside O(n) ones are left out, and so
+    is dividing a sum by W, the all-reduce's own arithmetic, which no collective is charged for
+    (syncsim.collectives).
+
+    - ``LowRankAllReduce`` (syncsim.compression.powersgd, as torch's powerSGD_hook): before round one
+      Δ = g + e (n values) and the uncompressed values copied into round one's buffer (u), then
+      P = ΔQ (2·rows·cols·r FLOPs a matrix); between the rounds Gram–Schmidt of P (2·rows·r²) and
+      Q = ΔᵀP̂ (2·rows·cols·r); after round two P̂Qᵀ (2·rows·cols·r), the uncompressed mean copied back
+      (u) and e = Δ − applied (n). The FLOPs add up to ``LowRankAllReduce.flops``.
+    - ``SparseAllGather`` (syncsim.compression.topk): before the all-gather Δ = g + e, |Δ|, the
+      partition that finds the k-th magnitude, and the two comparisons that pick the entries above
+      and at it (5 passes over n), and the k sent entries read and subtracted from the residual (2k);
+      after it the scatter-add of every worker's entries into a zeroed dense gradient and its division
+      by W (``scatter_mean``: n + W·k + n).
+    - ``OuterStep`` (DiLoCo, over the fragment's f values): before its all-reduce the pseudo-gradient
+      (last outer value − value now: f); after it torch.optim.SGD's Nesterov step as torch writes it
+      (torch/optim/sgd.py, _single_tensor_sgd: buf.mul_(μ).add_(Δ), Δ.add(buf, alpha=μ),
+      param.add_(·, alpha=−lr): 4 passes; with momentum 0 only the last) and the result copied into
+      the replica (f): 5·f, or 2·f without momentum.
+    """
+    if isinstance(action, LowRankAllReduce):
+        u = action.uncompressed
+        n = u + sum(rows * cols for rows, cols in action.matrices)
+        product = float(sum(2 * rows * cols * r for r, (rows, cols) in zip(action.ranks(), action.matrices)))
+        gram_schmidt = float(sum(2 * rows * r * r for r, (rows, _) in zip(action.ranks(), action.matrices)))
+        return (product, float(n + u)), (gram_schmidt + product, 0.0), (product, float(u + n))
+    if isinstance(action, SparseAllGather):
+        n, k = action.size, action.values
+        return (0.0, float(5 * n + 2 * k)), (0.0, float(2 * n + workers * k))
+    if isinstance(action, OuterStep):
+        f = action.stop - action.start
+        return (0.0, float(f)), (0.0, float((5 if action.momentum else 2) * f))
+    return ()
 
 
 class _ModelState:
@@ -101,6 +149,8 @@ class _Run:
         self.servers = ServerGroup(env, cluster, self.recorder, self.state, seed) if uses_servers else None
         self.heard = [0] * self.workers  # the slowest clock each worker last heard of from the servers
         self.step_end = np.zeros((steps, self.workers))
+        self.flop_rate, self.scan_rate = workload.compress_flops, workload.scan_rate
+        self._stages: dict[object, tuple[float, ...]] = {}
         self.handlers: dict[type, Callable] = {
             AllReduceGradients: self._allreduce, AverageParameters: self._average, LocalUpdate: self._local_update,
             Push: self._push, WaitForClock: self._wait, Pull: self._pull, LowRankAllReduce: self._low_rank,
@@ -160,15 +210,35 @@ class _Run:
             yield self.env.timeout(delay)
 
     def _allreduce(self, w: int, step: int, action: AllReduceGradients, pending: list):
-        if pending[2]:
+        if pending[2]:  # _join's, written out: the hot path of every synchronous step
             pending[2] = False
             return self.comm.join(w, step, "allreduce", action.buckets, action.ready, action.algorithm,
                                   pending[0], pending[1], True)
         return self._join_now(w, step, "allreduce", action.buckets, action.ready, action.algorithm, pending)
 
-    def _join_now(self, w, step, kind, buckets, ready, algorithm, pending):
+    def _join(self, w, step, kind, buckets, ready, algorithm, pending, before=0.0, after=0.0, last=True):
+        """Join a collective: a compute still outstanding is folded into its schedule (no event of the
+        worker's own); otherwise the worker joins once any latency it owes is paid."""
+        if pending[2]:
+            pending[2] = False
+            return self.comm.join(w, step, kind, buckets, ready, algorithm, pending[0], pending[1], True, last,
+                                  before, after)
+        return self._join_now(w, step, kind, buckets, ready, algorithm, pending, before, after, last)
+
+    def _join_now(self, w, step, kind, buckets, ready, algorithm, pending, before=0.0, after=0.0, last=True):
         yield from self._settle(w, step, pending)
-        yield self.comm.join(w, step, kind, buckets, ready, algorithm, self.env.now, 0.0, False)
+        yield self.comm.join(w, step, kind, buckets, ready, algorithm, self.env.now, 0.0, False, last, before, after)
+
+    def stage_seconds(self, action) -> tuple[float, ...]:
+        """Seconds of each stage of ``action``'s compression work (compression_work) at the workload's
+        rates; a rate left unset (None) costs nothing. Cached per distinct action."""
+        seconds = self._stages.get(action)
+        if seconds is None:
+            flop_rate, scan_rate = self.flop_rate, self.scan_rate
+            seconds = self._stages[action] = tuple(
+                (flops / flop_rate if flop_rate else 0.0) + (values / scan_rate if scan_rate else 0.0)
+                for flops, values in compression_work(action, self.workers))
+        return seconds
 
     def _local_update(self, w: int, step: int, action: LocalUpdate, pending: list):
         yield from self._settle(w, step, pending)
@@ -178,19 +248,27 @@ class _Run:
         return self._join_now(w, step, "average", (action.nbytes,), (1.0,), action.algorithm, pending)
 
     def _low_rank(self, w: int, step: int, action: LowRankAllReduce, pending: list):
-        # two all-reduces, one after the other: P (with the uncompressed values), then Q; one new version
-        yield from self._settle(w, step, pending)
-        now = self.env.now
-        yield self.comm.join(w, step, "allreduce", (action.p_bytes,), (1.0,), action.algorithm, now, 0.0, False,
-                             last=False)
-        now = self.env.now
-        yield self.comm.join(w, step, "allreduce", (action.q_bytes,), (1.0,), action.algorithm, now, 0.0, False)
+        # two all-reduces, one after the other: P (with the uncompressed values), then Q; one new version.
+        # Each worker computes P before round one and Q between the rounds; P̂Qᵀ after round two.
+        before, between, after = self.stage_seconds(action)
+        first = self._join(w, step, "allreduce", (action.p_bytes,), (1.0,), action.algorithm, pending, before,
+                           last=False)
+        if type(first) is _GENERATOR:
+            yield from first
+        else:
+            yield first
+        yield self.comm.join(w, step, "allreduce", (action.q_bytes,), (1.0,), action.algorithm, self.env.now, 0.0,
+                             False, True, between, after)
 
     def _allgather(self, w: int, step: int, action: SparseAllGather, pending: list):
-        return self._join_now(w, step, "allgather", (action.nbytes,), (1.0,), ALLGATHER, pending)
+        # the selection before the all-gather, the scatter-add of every worker's entries after it
+        before, after = self.stage_seconds(action)
+        return self._join(w, step, "allgather", (action.nbytes,), (1.0,), ALLGATHER, pending, before, after)
 
     def _outer(self, w: int, step: int, action: OuterStep, pending: list):
-        return self._join_now(w, step, "outer", (action.nbytes,), (1.0,), action.algorithm, pending)
+        # the pseudo-gradient before the all-reduce, the outer optimiser's step after it
+        before, after = self.stage_seconds(action)
+        return self._join(w, step, "outer", (action.nbytes,), (1.0,), action.algorithm, pending, before, after)
 
     def _push(self, w: int, step: int, action: Push, pending: list):
         servers = self.servers

@@ -14,7 +14,10 @@ this project's 2-core testbed machine, the small model's step of 0.45 ms took
 1.04 ms after 5 ms idle and 1.56 ms after 20 ms, and LeNet's 13.0 ms step 14.7 ms
 after 5 ms (real.testbed.calibration measures the curve for each configuration).
 GPUs drop their clocks when idle too; a workload calibrated back to back leaves
-it out (the default, no cost).
+it out (the default, no cost). ``compress_flops`` and ``scan_rate`` are the
+worker's rates for a gradient compressor's own work (PowerSGD's products, top-k's
+selection, DiLoCo's outer step), physical rates charged for the work each action
+does, never a factor per scheme; unset (the default) that work is free.
 """
 
 from __future__ import annotations
@@ -61,10 +64,29 @@ class Workload(ConfigFile):
     """Shape of each parameter tensor, forward order (what low-rank compression needs: PowerSGD views
     a tensor as rows = shape[0] by the rest); their values × 4 bytes must sum to ``param_bytes``.
     None: unknown (syncsim.schemes.allreduce.default_shapes then assumes square-ish matrices)."""
+    compress_flops: float | None = None
+    """FLOP/s the worker reaches on a compressor's dense arithmetic: PowerSGD's thin products P = ΔQ,
+    Q = ΔᵀP̂ and P̂Qᵀ and its Gram–Schmidt (``LowRankAllReduce.flops``), charged where each falls: before
+    round one, between the rounds, after round two. Thin products (rank ≪ rows, cols) run at memory
+    bandwidth, far below a GPU's peak; ``python -m real.calibrate`` times them at the model's own
+    matrix shapes. None (the default): not modelled, the arithmetic takes no time."""
+    scan_rate: float | None = None
+    """Values/s of one pass of the worker over a gradient-sized array: what each elementwise pass of a
+    compressor (adding the residual, a magnitude, a comparison, a subtraction, a copy) and top-k's
+    partition cost per value. Charged for the passes syncsim.compression makes (counted by
+    syncsim.engine.compression_work): top-k's selection and error feedback before its all-gather and its
+    scatter-add after it, PowerSGD's error feedback, DiLoCo's pseudo-gradient and outer optimiser step
+    over the fragment. ``python -m real.calibrate`` times a partition of the gradient's size, the
+    costliest pass (numpy's elementwise passes run about twice as fast, so this errs towards slow).
+    None (the default): not modelled, the passes take no time."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
         owner = "Workload"
+        for rate in ("compress_flops", "scan_rate"):
+            value = getattr(self, rate)
+            if value is not None:
+                object.__setattr__(self, rate, check_positive(owner, rate, value))
         object.__setattr__(self, "shapes", _check_shapes(self.shapes))
         layers = self.layers
         if layers is not None:
@@ -134,7 +156,9 @@ class Workload(ConfigFile):
                    name: str | None = None) -> Workload:
         """Per-layer parameter bytes of ``module`` and its forward/backward time measured here.
 
-        ``example_input`` is one batch (its first dimension is the batch size).
+        ``example_input`` is one batch (its first dimension is the batch size). The parameters'
+        shapes become ``shapes`` (what PowerSGD compresses) when they are all fp32, the unit
+        ``shapes`` counts in.
         The loss is the sum of the outputs: the backward cost does not depend on
         which scalar is differentiated.
         """
@@ -142,6 +166,9 @@ class Workload(ConfigFile):
 
         repeats = check_int("Workload.from_torch", "repeats", repeats, 1)
         layers = [p.numel() * p.element_size() for p in module.parameters() if p.requires_grad]
+        tensors = [p for p in module.parameters() if p.requires_grad]
+        shapes = (tuple(tuple(int(d) for d in p.shape) or (1,) for p in tensors)
+                  if all(p.element_size() == FP32_BYTES for p in tensors) else None)
         if not layers:
             raise ValueError("Workload.from_torch: the module has no trainable parameters")
         batch = int(example_input.shape[0])
@@ -161,7 +188,7 @@ class Workload(ConfigFile):
                 backward.append(t2 - t1)
         fwd, bwd = sorted(forward)[len(forward) // 2], sorted(backward)[len(backward) // 2]
         return cls(param_bytes=float(sum(layers)), compute_time=fwd + bwd, batch_size=batch,
-                   layers=tuple(float(b) for b in layers), backward_fraction=bwd / (fwd + bwd),
+                   layers=tuple(float(b) for b in layers), backward_fraction=bwd / (fwd + bwd), shapes=shapes,
                    name=name or type(module).__name__.lower())
 
 
@@ -232,6 +259,19 @@ def _conv_layers() -> tuple[float, ...]:
 _LENET_SHAPES = ((20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (500, 800), (500,), (10, 500), (10,))
 
 
+
+
+def _gpt2_shapes(layers: int = 12, width: int = 768, vocab: int = 50257, context: int = 1024) -> tuple:
+    # GPT-2 small as nanoGPT builds it (model.py): token and position embeddings, then per block
+    # ln_1, attn.c_attn (3·width × width + bias), attn.c_proj, ln_2, mlp.c_fc (4·width), mlp.c_proj,
+    # and ln_f; the output layer shares the token embedding (weight tying): 124,439,808 values.
+    # Linear weights in torch's (out, in) layout.
+    norm = ((width,), (width,))
+    block = (*norm, (3 * width, width), (3 * width,), (width, width), (width,), *norm,
+             (4 * width, width), (4 * width,), (width, 4 * width), (width,))
+    return ((vocab, width), (context, width), *(block * layers), *norm)
+
+
 # Model FLOP utilisation assumptions: convolutional nets train far below
 # tensor-core peak (batch norm and activations are memory-bound), ~10% on
 # A100, in line with the ~2,600 img/s mixed-precision ResNet-50 throughput
@@ -261,7 +301,7 @@ WORKLOAD_PRESETS: dict[str, dict] = {
                        compute_time=estimate_step_time(6 * 336e6 * 128, 32, _TRANSFORMER_MFU), batch_size=32),
     # GPT-2 (124M): 124,439,808 parameters (nanoGPT's count for the 124M
     # model); 6·N FLOPs per token, 1,024-token sequences.
-    "gpt2": dict(param_bytes=124_439_808 * FP32_BYTES,
+    "gpt2": dict(param_bytes=124_439_808 * FP32_BYTES, shapes=_gpt2_shapes(),
                  compute_time=estimate_step_time(6 * 124_439_808 * 1024, 8, _TRANSFORMER_MFU), batch_size=8),
 }
 # One line per preset for `syncsim presets`: what it is and where its numbers come from.
