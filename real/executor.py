@@ -209,14 +209,15 @@ class Executor:
         self.outer: dict = {}
         numel = sum(p.numel() for p in self.model.parameters())
         initial = flat_params(self.model)
-        for action in sorted((a for a in actions if isinstance(a, OuterStep)), key=lambda a: a.fragment):
-            bounds = fragment_bounds(numel, action.fragments)[action.fragment]
-            if bounds in self.outer:
-                continue
-            anchor = initial[bounds[0]:bounds[1]].clone().to(self.device).requires_grad_(True)
-            outer = torch.optim.SGD([anchor], lr=action.lr, momentum=action.momentum,
-                                    nesterov=action.momentum > 0)
-            self.outer[bounds] = (anchor, outer)
+        for action in (a for a in actions if isinstance(a, OuterStep)):
+            for fragment in action.fragments:
+                bounds = fragment_bounds(numel, action.count)[fragment]
+                if bounds in self.outer:
+                    continue
+                anchor = initial[bounds[0]:bounds[1]].clone().to(self.device).requires_grad_(True)
+                outer = torch.optim.SGD([anchor], lr=action.lr, momentum=action.momentum,
+                                        nesterov=action.momentum > 0)
+                self.outer[bounds] = (anchor, outer)
 
     def _setup_amp(self, applies_locally: bool) -> None:
         # bf16 autocast on CPU (CPU autocast's default dtype); on CUDA fp16 +
@@ -452,16 +453,23 @@ class Executor:
     def outer_step(self, action: OuterStep) -> None:
         start = self.recorder.now()
         numel = sum(p.numel() for p in self.model.parameters())
-        lo, hi = fragment_bounds(numel, action.fragments)[action.fragment]
-        anchor, outer = self.outer[(lo, hi)]
-        # the pseudo-gradient, rounded to the wire and summed there; divided by W after, in fp32 (as averaging)
-        pseudo = (anchor.detach() - flat_params(self.model)[lo:hi].to(self.device)).to(self.wire_dtype)
+        bounds = [fragment_bounds(numel, action.count)[f] for f in action.fragments]
+        flat = flat_params(self.model)
+        # the fragments' pseudo-gradients in one all-reduce, rounded to the wire and summed there; divided by
+        # W after, in fp32 (as averaging)
+        pseudo = torch.cat([self.outer[(lo, hi)][0].detach() - flat[lo:hi].to(self.device) for lo, hi in bounds])
+        pseudo = pseudo.to(self.wire_dtype)
         with self.heartbeat.waiting_for_peers():
             dist.all_reduce(pseudo, group=self.group)
         nbytes = pseudo.numel() * pseudo.element_size()
-        anchor.grad = pseudo.float().div_(self.cfg.world)
-        outer.step()
-        self._load_slice(lo, anchor.detach())
+        mean = pseudo.float().div_(self.cfg.world)
+        offset = 0
+        for lo, hi in bounds:  # each fragment's outer SGD steps its own copy with its own momentum
+            anchor, outer = self.outer[(lo, hi)]
+            anchor.grad = mean[offset:offset + hi - lo]
+            outer.step()
+            self._load_slice(lo, anchor.detach())
+            offset += hi - lo
         self.bytes_sent += nbytes
         end = self.recorder.now()
         self.recorder.span(self.worker, self.step, "outer", start, end, nbytes)

@@ -77,7 +77,7 @@ def compression_work(action: object, workers: int) -> tuple[tuple[float, float],
 
     - ``LowRankAllReduce`` (syncsim.compression.powersgd, as torch's powerSGD_hook): before round one
       Δ = g + e (n values) and the uncompressed values copied into round one's buffer (u), then
-      P = ΔQ (2·rows·cols·r FLOPs a matrix); between the rounds Gram–Schmidt of P (2·rows·r²) and
+      P = ΔQ (2·rows·cols·r FLOPs a matrix); between the rounds Gram–Schmidt of P, two passes (4·rows·r²) and
       Q = ΔᵀP̂ (2·rows·cols·r); after round two P̂Qᵀ (2·rows·cols·r), the uncompressed mean copied back
       (u) and e = Δ − applied (n). The FLOPs add up to ``LowRankAllReduce.flops``.
     - ``SparseAllGather`` (syncsim.compression.topk): before the all-gather Δ = g + e, |Δ|, the
@@ -95,13 +95,13 @@ def compression_work(action: object, workers: int) -> tuple[tuple[float, float],
         u = action.uncompressed
         n = u + sum(rows * cols for rows, cols in action.matrices)
         product = float(sum(2 * rows * cols * r for r, (rows, cols) in zip(action.ranks(), action.matrices)))
-        gram_schmidt = float(sum(2 * rows * r * r for r, (rows, _) in zip(action.ranks(), action.matrices)))
+        gram_schmidt = float(sum(4 * rows * r * r for r, (rows, _) in zip(action.ranks(), action.matrices)))
         return (product, float(n + u)), (gram_schmidt + product, 0.0), (product, float(u + n))
     if isinstance(action, SparseAllGather):
         n, k = action.size, action.values
         return (0.0, float(5 * n + 2 * k)), (0.0, float(2 * n + workers * k))
     if isinstance(action, OuterStep):
-        f = action.stop - action.start
+        f = action.values
         return (0.0, float(f)), (0.0, float((5 if action.momentum else 2) * f))
     return ()
 

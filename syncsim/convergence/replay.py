@@ -154,7 +154,6 @@ class Replayer:
         self.reduced: np.ndarray | None = None   # the last gradient every replica applied (compressed actions)
         self.outer = x0.copy()                  # DiLoCo: every fragment's value at its last outer step
         self.outer_velocity = np.zeros_like(x0)  # its Nesterov buffer (fragments are disjoint: per-fragment state)
-        self._pending: tuple[int, float] | None = None   # an outer version, made once the worker's step ends
         self._joins: dict[object, list[int]] = {}   # workers joined so far, per collective
         self._round: list[tuple[np.ndarray, bool]] = []
         self._handlers: dict[type, Callable] = {
@@ -175,11 +174,6 @@ class Replayer:
                 self.row = row
                 for action in plan(t, steps):
                     handlers[type(action)](w, t, r, a, time, action)
-                if self._pending is not None:
-                    # A step's outer steps (every fragment at a run's last step) make one version, as the
-                    # updates table counts them: its rows all apply to the first.
-                    self._pending = None
-                    self._new_version(a, time, OUTER)
                 if self._stop:
                     return self
         joined = max((len(j) for j in self._joins.values()), default=0)
@@ -239,8 +233,7 @@ class Replayer:
             raise ValueError(f"LocalUpdate.optimizer {action.optimizer!r} is not one the replay knows")
 
     def _join(self, w: int, key: object = None) -> bool:
-        """Worker ``w`` joins the collective ``key`` (several may be open: one per fragment); True for
-        the last of the W workers."""
+        """Worker ``w`` joins the collective ``key``; True for the last of the W workers."""
         joined = self._joins.setdefault(key, [])
         joined.append(w)
         if len(joined) < self.workers:
@@ -354,15 +347,17 @@ class Replayer:
         self._new_version(a, time, REPLICAS)
 
     def _outer(self, w, t, r, a, time, action) -> None:
-        if not self._join(w, ("outer", action.fragment)):
+        if not self._join(w):
             return
-        start, stop = fragment_bounds(self.problem.dim, action.fragments)[action.fragment]
-        outer = self.outer[start:stop]
-        # the mean pseudo-gradient: each worker sends (last outer value - its replica) at wire precision
-        pseudo = self.wire.mean(outer[None, :] - self.replicas[:, start:stop])
-        Nesterov(action.lr, action.momentum).step(outer, self.outer_velocity[start:stop], pseudo)
-        self.replicas[:, start:stop] = outer
-        self._pending = (a, time)
+        bounds = fragment_bounds(self.problem.dim, action.count)
+        for fragment in action.fragments:  # one all-reduce carries them all; each has its own outer state
+            start, stop = bounds[fragment]
+            outer = self.outer[start:stop]
+            # the mean pseudo-gradient: each worker sends (last outer value - its replica) at wire precision
+            pseudo = self.wire.mean(outer[None, :] - self.replicas[:, start:stop])
+            Nesterov(action.lr, action.momentum).step(outer, self.outer_velocity[start:stop], pseudo)
+            self.replicas[:, start:stop] = outer
+        self._new_version(a, time, OUTER)
 
     def _wait(self, w, t, r, a, time, action) -> None:
         return None

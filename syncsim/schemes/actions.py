@@ -56,15 +56,17 @@ Semantics every executor honours:
   (indices, values) and applies their sum over W as the gradient. One new
   version.
 - ``OuterStep``: DiLoCo's outer step (Douillard et al. 2023, "DiLoCo:
-  Distributed Low-Communication Training of Language Models"): for the
-  parameter ``fragment`` of ``fragments`` (contiguous, equal slices of the
-  flat parameters in forward order; ``fragments`` > 1 is streaming DiLoCo's
-  staggered schedule, Douillard et al. 2025), the workers all-reduce the mean
-  pseudo-gradient (the fragment's value at the last outer step minus its
-  value now), and every worker applies it to the fragment's last outer value
-  with the outer optimiser (SGD with Nesterov momentum: ``lr``, ``momentum``),
-  then sets its replica's fragment to the result. One new version. With lr 1
-  and no momentum it is parameter averaging of the fragment.
+  Distributed Low-Communication Training of Language Models"): for each
+  listed fragment of the ``count`` (contiguous, equal slices of the flat
+  parameters in forward order; ``count`` > 1 is streaming DiLoCo's staggered
+  schedule, Douillard et al. 2025), the workers all-reduce the mean
+  pseudo-gradient (the fragment's value at its last outer step minus its
+  value now; the listed fragments in one all-reduce), and every worker
+  applies it to the fragment's last outer value with the outer optimiser
+  (SGD with Nesterov momentum: ``lr``, ``momentum``; its state is the
+  fragment's own), then sets its replica's fragment to the result. One new
+  version. With lr 1 and no momentum it is parameter averaging of the
+  fragments.
 
 ``LocalUpdate.optimizer`` names the worker's own optimiser: "sgd" (SGD with
 the run's learning rate and momentum) or "adamw" (DiLoCo's inner optimiser,
@@ -182,8 +184,8 @@ class LowRankAllReduce(Action):
     @property
     def flops(self) -> float:
         """Arithmetic of one worker's step: P = ΔQ, Q = ΔᵀP̂ and P̂Qᵀ (2·rows·cols·rank each) and the
-        Gram–Schmidt of P (2·rows·rank²)."""
-        return float(sum(6 * rows * cols * r + 2 * rows * r * r
+        Gram–Schmidt of P, two passes (4·rows·rank², syncsim.compression.orthonormalise)."""
+        return float(sum(6 * rows * cols * r + 4 * rows * r * r
                          for r, (rows, cols) in zip(self.ranks(), self.matrices)))
 
 
@@ -207,12 +209,12 @@ class SparseAllGather(Action):
 
 @dataclass(frozen=True)
 class OuterStep(Action):
-    fragment: int
-    fragments: int
-    start: int
-    """First value of the fragment in the flat parameters."""
-    stop: int
-    """One past its last value."""
+    fragments: tuple[int, ...]
+    """The fragments this outer step synchronises, in order (one, or every fragment at a run's last step)."""
+    count: int
+    """F: the fragments the parameters are split into."""
+    spans: tuple[tuple[int, int], ...]
+    """[start, stop) of each listed fragment in the workload's flat parameters."""
     value_bytes: int
     algorithm: str
     lr: float
@@ -220,9 +222,13 @@ class OuterStep(Action):
     kind = "outer"
 
     @property
+    def values(self) -> int:
+        return sum(stop - start for start, stop in self.spans)
+
+    @property
     def nbytes(self) -> float:
-        """The fragment's pseudo-gradient at the wire precision."""
-        return float((self.stop - self.start) * self.value_bytes)
+        """The fragments' pseudo-gradients at the wire precision: one all-reduce."""
+        return float(self.values * self.value_bytes)
 
 
 # The actions that talk to parameter servers: a plan with any of them needs server hosts (the

@@ -18,7 +18,7 @@ bytes, spread out. Fragments here are equal contiguous slices of the flat
 parameters in forward order (the paper groups transformer blocks). Its overlap
 of a fragment's all-reduce with the next inner steps is not modelled: each
 outer step holds its workers until its all-reduce ends. The last step of a run
-synchronises every fragment, so a run ends with equal replicas.
+synchronises every fragment (in one all-reduce), so a run ends with equal replicas.
 """
 
 from __future__ import annotations
@@ -80,12 +80,17 @@ class DiLoCo(Scheme):
         values = max(1, int(round(param_bytes / 4)))
         bounds = fragment_bounds(values, self.fragments)
         local = (Compute(), LocalUpdate(optimizer=self.inner))
-        outer = [OuterStep(fragment=f, fragments=self.fragments, start=start, stop=stop,
-                           value_bytes=self.value_bytes, algorithm=self.algorithm, lr=self.outer_lr,
-                           momentum=self.outer_momentum) for f, (start, stop) in enumerate(bounds)]
+        plans: dict[tuple[int, ...], tuple] = {(): local}
 
         def planner(step: int, steps: int):
-            return local + tuple(outer[f] for f in self.synced_fragments(step, steps))
+            synced = self.synced_fragments(step, steps)
+            plan = plans.get(synced)
+            if plan is None:
+                plan = plans[synced] = local + (OuterStep(
+                    fragments=synced, count=self.fragments, spans=tuple(bounds[f] for f in synced),
+                    value_bytes=self.value_bytes, algorithm=self.algorithm, lr=self.outer_lr,
+                    momentum=self.outer_momentum),)
+            return plan
 
         def distinct(steps: int) -> tuple[int, ...]:
             gap = self.period // self.fragments
