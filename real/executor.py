@@ -60,6 +60,7 @@ from real.trace import Recorder
 from syncsim.compression import LowRank, Sparsifier, layout, scatter_mean
 from syncsim.schemes import (
     SERVER_ACTIONS,
+    SHARDED_ACTIONS,
     AllReduceGradients,
     AverageParameters,
     Compute,
@@ -146,6 +147,9 @@ class Executor:
         self.failure = cfg.failure(rank)
         actions = self.policy.actions(cfg.steps)
         kinds = {type(a) for a in actions}
+        if kinds & set(SHARDED_ACTIONS):
+            raise NotImplementedError(f"the executor does not run sharded schemes yet ({self.spec}): "
+                                      f"the simulator, replay and memory model do (syncsim.memory)")
         self._setup_amp(applies_locally=bool(kinds & {AllReduceGradients, LocalUpdate}))
         self.net: torch.nn.Module = model
         self.hook_state = None

@@ -28,9 +28,11 @@ compute-bound training), and for every dataset outside the model its error
 and the headline had it been included. A dataset is outside the model when
 its hardware states no GPUDirect RDMA on a run that crosses the network
 (``host_staged``), or when it ran what the model leaves out (``OUTSIDE``:
-NVLink SHARP, FSDP, ...). Temporarily (issue 36), a dataset whose sharded scheme
-(``zero:stage=N``, ``fsdp:reshard=...``) does not parse yet is reported without
-a prediction, with the reason ``AWAITS_SHARDED``.
+NVLink SHARP, FSDP, ...). For now a dataset of a sharded scheme
+(``zero:stage=N``, ``fsdp:reshard=...``) is reported without a prediction, with
+the reason ``AWAITS_SHARDED``: the simulator runs these schemes, but none of
+these sources states the compute time per step a prediction needs, and the
+study does not yet derive it from their FLOP counts.
 """
 
 from __future__ import annotations
@@ -87,24 +89,19 @@ OUTSIDE = {
     "model-parallel": "data parallelism combined with Megatron tensor (model) parallelism, which the model does not "
                       "have",
 }
-# TEMPORARY (issue 36): the sharded schemes (zero:stage=N, fsdp:reshard=true|false) are being added to the simulator.
-# Until a dataset's sharded scheme parses, the dataset is outside the model for that reason alone (computed, never a
-# JSON label) and its rows are reported without a prediction; once it parses this reason disappears by itself and the
-# dataset's rows fall to the normal path (model.no_prediction says what else a prediction needs). Remove with the rule.
+# TEMPORARY (issue 36): the sharded schemes (zero:stage=N, fsdp:reshard=true|false) simulate, but no sharded dataset
+# states a single-GPU time per step, and the study does not yet derive one from the model's FLOPs and MFU. Until it
+# does, such a dataset is outside the model for that reason alone (computed, never a JSON label) and its rows are
+# reported without a prediction. Remove with the rule.
 SHARDED_SCHEMES = ("zero", "fsdp")
-AWAITS_SHARDED = "awaits the sharded schemes in the simulator"
+AWAITS_SHARDED = ("sharded training: the study does not yet predict it (no source states a compute time per step, "
+                  "and none is derived from FLOPs yet)")
 
 
 def awaiting_schemes(model: dict, rows: pd.DataFrame) -> list[str]:
-    """The sharded schemes (``zero:...``, ``fsdp:...``) a dataset ran, per dataset or per row, that do not parse yet."""
+    """The sharded schemes (``zero:...``, ``fsdp:...``) a dataset ran, per dataset or per row."""
     schemes = {model.get("scheme") or ""} | (set(rows["scheme"].dropna()) if "scheme" in rows else set())
-    waiting = []
-    for scheme in sorted(s for s in schemes if s.split(":")[0] in SHARDED_SCHEMES):
-        try:
-            parse(scheme)
-        except ValueError:
-            waiting.append(scheme)
-    return waiting
+    return sorted(s for s in schemes if s.split(":")[0] in SHARDED_SCHEMES)
 # One physical rule for host staging, computed from the stated hardware, the same for every dataset.
 # The model's network hop moves a GPU's bytes onto the wire at the NIC's rate. That is GPUDirect RDMA,
 # "a direct path for data exchange between the GPU and a third-party peer device using standard

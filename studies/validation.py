@@ -19,7 +19,16 @@ For each configuration (scheme, workers, link rate, model, one slowed worker or 
    floor under the row's error on a machine whose speed drifts;
 5. replay (a diagnostic, not a prediction): ``simulate`` once more with the run's own compute phases
    (``replayed_compute``) in place of the calibrated compute model, so that ``replayed_error`` is
-   what the rest of the model (links, sharing, scheduling) misses once compute is exactly as it ran.
+   what the rest of the model (links, sharing, scheduling) misses once compute is exactly as it ran;
+6. loss curves: the run's update log replayed on its model and data (real.replay, syncsim.convergence)
+   predicts each worker's loss at each of its first LOSS_STEPS steps, compared with the losses the
+   executor logged (``loss_rel_median``, ``loss_rel_max``: |replayed / logged - 1|).
+
+The compressing schemes (PowerSGD, top-k, DiLoCo) are calibrated by the same rules: the compute probe
+times the executor's step, their compressor's arithmetic and DiLoCo's outer step inside it, so the
+workload leaves syncsim's compressor rates unset; the link probe times what the run sends (PowerSGD's
+two all-reduces, top-k's all-gathers of indices and values, DiLoCo's pseudo-gradient); the workload has
+the model's tensor shapes, so PowerSGD's rounds are the run's sizes.
 
 Writes ``OUT/validation.csv`` (one row per configuration; a failed one is a row with its reason),
 ``OUT/parity.png`` (drawn from the CSV alone), each run's real and simulated traces under
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 import sys
 import time
@@ -42,14 +52,29 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from studies.verdict import abs_stats, error_table, failed, verdict_lines
+from studies.verdict import abs_stats, error_table, failed, loss_table, verdict_lines
 
-__all__ = ["Config", "grid", "quick_grid", "main", "summary_lines", "plot", "COLUMNS"]
+__all__ = ["Config", "grid", "quick_grid", "main", "summary_lines", "plot", "COLUMNS", "loss_agreement"]
 
 SCHEMES = ("allreduce", "allreduce:precision=fp16", "ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=4")
 WORLDS = (1, 2, 4)
 BANDWIDTHS = ("50Mbit/s", "200Mbit/s", "1Gbit/s")
 MODELS = ("mlp", "lenet")
+# The schemes that trade bytes for steps (PowerSGD, top-k, DiLoCo) join the default grid as a few rows of
+# their own, (schemes, worlds, bandwidths) for every model, without straggler rows: two workers at 200 Mbit/s,
+# six rows. Each costs the grid about 10 s (a compute probe of its own, its collectives timed, a run), and the
+# grid's 112 other rows take 25-27 of its 30 minutes; the compressed messages (2.7-34 kB) pass within a tbf
+# bucket at every rate, so another rate adds time, not information. Both rates and stragglers are measured by
+# naming them (--schemes, docs/real.md). A command line that names --schemes, --worlds or --bandwidths runs
+# what it names.
+COMPRESSED = ("allreduce:compression=powersgd,rank=4", "topk:ratio=0.01", "diloco:period=4")
+EXTRA = ((COMPRESSED, (2,), ("200Mbit/s",)),)
+# Each run's per-step loss is compared with its update log replayed (real.replay) over its first LOSS_STEPS
+# steps (--loss-steps). The replay computes every gradient again, as long as the run's compute: 40 steps of
+# two LeNet workers took 1.4 s here, four 2.8 s, one 0.6 s, the small model's 0.1-0.2 s, about 1.8 minutes
+# over the default grid's rows, whose 25-27 minutes leave 3 of the half hour. 20 steps, half that, still
+# cover where the compressing schemes' float32 drift shows (PowerSGD's from step 12, five DiLoCo outer steps).
+LOSS_STEPS = 20
 SLOW = 3.0  # the straggler rows' slowed worker computes this many times as long
 STEPS = 40  # a multiple of every local-SGD period here, warm-up (a tenth) included: whole periods are timed
 LONG_RUN, MIN_STEPS = 30.0, 20  # a run predicted to take longer than LONG_RUN seconds runs fewer steps
@@ -77,8 +102,8 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "predicted_staleness_mean", "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max",
            "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
            "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
-           "server_service", "slow_forward", "link_at_size", "replayed_step_time", "replayed_error", "wall_time",
-           "error")
+           "server_service", "slow_forward", "link_at_size", "replayed_step_time", "replayed_error", "loss_steps",
+           "loss_rel_median", "loss_rel_max", "wall_time", "error")
 
 
 def is_baseline(scheme, world, slow):
@@ -149,9 +174,11 @@ class Config:
         return f"{slug(self.scheme)}-w{self.world}-{slug(self.bandwidth)}-{self.model}{slow}"
 
 
-def grid(schemes=SCHEMES, worlds=WORLDS, bandwidths=BANDWIDTHS, models=MODELS, slow=SLOW) -> list[Config]:
+def grid(schemes=SCHEMES, worlds=WORLDS, bandwidths=BANDWIDTHS, models=MODELS, slow=SLOW, extra=EXTRA) -> list[Config]:
     """Every scheme × workers × rate × model, plus one straggler row per scheme and model (at the fewest
-    workers from two up, and the middle rate) and the one-worker all-reduce each speedup is measured against.
+    workers from two up, and the middle rate) and the one-worker all-reduce each speedup is measured against;
+    then, for every model, the rows of ``extra``: each (schemes, worlds, bandwidths) block's product, without
+    straggler rows (EXTRA: the compressing schemes' few rows of the default grid).
 
     A one-worker run that sends nothing (no parameter server) is the same run at every rate, so it is
     run once, at the first rate; except the speedup baseline, which is run at every rate as repeats of
@@ -174,6 +201,8 @@ def grid(schemes=SCHEMES, worlds=WORLDS, bandwidths=BANDWIDTHS, models=MODELS, s
             several = [w for w in worlds if w >= 2]  # a straggler needs a peer to hold up
             if slow > 1 and several:
                 rows.append(Config(scheme, min(several), bandwidths[len(bandwidths) // 2], model, slow))
+        rows += [Config(scheme, world, bandwidth, model) for block_schemes, block_worlds, block_rates in extra
+                 for scheme in block_schemes for world in block_worlds for bandwidth in block_rates]
         repeats = [Config("allreduce", 1, bandwidth, model) for bandwidth in bandwidths]
         spacing = len(rows) / max(1, len(repeats) - 1)
         for k, repeat in reversed(list(enumerate(repeats))):  # from the back: earlier positions stay put
@@ -191,25 +220,90 @@ def model_bytes(model: str) -> float:
     return sum(param_layers(build(model, 0)))
 
 
-def message_bytes(config: Config) -> float:
-    """What a run of ``config`` sends at once: its gradient (or local SGD's parameters, or a push) at the
-    scheme's wire precision."""
-    from syncsim.schemes import parse
+@functools.cache
+def model_shapes(model: str) -> tuple[tuple[int, ...], ...]:
+    """real.models' ``model``'s parameter tensors' shapes (real.models.param_shapes): what the executor
+    builds its plan with (PowerSGD views them as matrices), and so the simulator's Workload.shapes."""
+    from real.models import build, param_shapes
 
+    return param_shapes(build(model, 0))
+
+
+@functools.cache
+def _sync_action(scheme: str, model: str):
+    from real.models import build, param_layers
+    from syncsim.schemes import parse
+    from syncsim.schemes.actions import (
+        AllReduceGradients,
+        AverageParameters,
+        LowRankAllReduce,
+        OuterStep,
+        SparseAllGather,
+    )
+
+    layers = param_layers(build(model, 0))
+    policy = parse(scheme).policy(sum(layers), layers=layers, shapes=model_shapes(model))
+    counts: dict = {}
+    for step in range(STEPS):
+        for action in policy.plan(step, STEPS):
+            if isinstance(action, (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather,
+                                   OuterStep)):
+                counts[action] = counts.get(action, 0) + 1
+    return max(counts, key=counts.get) if counts else None  # the first of the most frequent
+
+
+def sync_action(config: Config):
+    """The collective a run of ``config`` synchronises by, as real.executor plans it for the model's layers
+    and tensor shapes (the most frequent over STEPS steps: a DiLoCo run's outer step at its own period, a
+    streaming one's single fragment); None for a run that sends nothing over the links between workers
+    (a parameter server's traffic is point to point; one worker has no peer)."""
+    if config.servers or config.world < 2:
+        return None
+    return _sync_action(config.scheme, config.model)
+
+
+def message_bytes(config: Config) -> float:
+    """What a run of ``config`` sends at once, the size its links' rate is read at: its gradient (or local SGD's
+    parameters, a push, DiLoCo's pseudo-gradient) at the scheme's wire precision; PowerSGD's larger round;
+    the bytes each worker contributes to top-k's all-gather (indices and values)."""
+    from syncsim.schemes import parse
+    from syncsim.schemes.actions import LowRankAllReduce, OuterStep, SparseAllGather
+
+    action = sync_action(config)
+    if isinstance(action, LowRankAllReduce):
+        return max(action.p_bytes, action.q_bytes)
+    if isinstance(action, (SparseAllGather, OuterStep)):  # an outer step: its fragments' pseudo-gradients
+        return action.nbytes
     return model_bytes(config.model) * parse(config.scheme).wire_ratio
 
 
 def timed_size(config: Config) -> tuple[tuple[int, str], ...]:
-    """((bytes, precision),) of the all-reduce a run of ``config`` sends, as its link probe times it
-    (real.testbed.calibration.wire_bytes); () for a run that all-reduces nothing over the links (a parameter
-    server's, or one worker's)."""
+    """((bytes, precision), ...) of the all-reduces a run of ``config`` sends a step, as its link probe times
+    them (real.testbed.calibration.wire_bytes): its gradient's, local SGD's or DiLoCo's parameters', or
+    PowerSGD's two rounds (P with the uncompressed values, then Q); () for a run that all-reduces nothing
+    over the links (a parameter server's, one worker's, top-k's: timed_gather)."""
     from real.testbed.calibration import wire_bytes
     from syncsim.schemes import parse
+    from syncsim.schemes.actions import LowRankAllReduce, SparseAllGather
 
-    if config.servers or config.world < 2:
+    action = sync_action(config)
+    if action is None or isinstance(action, SparseAllGather):
         return ()
     precision = parse(config.scheme).precision
+    if isinstance(action, LowRankAllReduce):
+        rounds = [action.p_bytes] + ([action.q_bytes] if action.q_bytes else [])
+        return tuple((wire_bytes(size, precision), precision) for size in rounds)
     return ((wire_bytes(message_bytes(config), precision), precision),)
+
+
+def timed_gather(config: Config) -> tuple[tuple[int, str], ...]:
+    """((values k, precision),) of the top-k exchange a run of ``config`` sends a step (an all-gather of k
+    int32 indices, then one of k values), as its link probe times it; () for every other run."""
+    from syncsim.schemes import parse
+    from syncsim.schemes.actions import SparseAllGather
+
+    action = sync_action(config)
+    return ((action.values, parse(config.scheme).precision),) if isinstance(action, SparseAllGather) else ()
 
 
 def sent_precisions(configs: list[Config]) -> tuple[str, ...]:
@@ -248,17 +342,21 @@ def calibrate(config: Config, args: argparse.Namespace):
                               slow=config.slow, repeat=slug(config.bandwidth) if config.baseline else "")
     # the links' rates around the size of what the run sends at once: the gradient at the wire precision
     message = message_bytes(config)
-    # an all-reducing run's own all-reduce is timed at its size in the minute before it runs (measure_link's
-    # ``now``): the sweep is cached from the study's start, and a collective that the cores rather than
-    # the shaper pace drifts with the machine's load over the half hour a grid takes
-    own = timed_size(config)
+    # an all-reducing run's own all-reduces (PowerSGD's two rounds) and a top-k run's exchange are timed at
+    # their sizes in the minute before it runs (measure_link's ``now`` and ``gathers``): the sweep is cached
+    # from the study's start, and a collective that the cores rather than the shaper pace drifts with the
+    # machine's load over the half hour a grid takes
+    own, gathers = timed_size(config), timed_gather(config)
     measured = measure_link(config.bandwidth, folder, args.prefix, args.repeats, message_bytes=message,
-                            hosts=config.link_hosts, now=own, precisions=sent_precisions(args.configs))
+                            hosts=config.link_hosts, now=own, precisions=sent_precisions(args.configs),
+                            gathers=gathers)
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
     # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes
-    # and pulls (the same shaped veth; a collective's rate would charge them its reduction and rounds).
-    sent = fits["pingpong"] if config.servers else fits[f"allreduce_{spec.precision}"]
+    # and pulls (the same shaped veth; a collective's rate would charge them its reduction and rounds),
+    # and for top-k's all-gather (no reduction: the ping-pong's α and B) with its own launch.
+    sent = (fits["pingpong"] if config.servers else fits[f"allgather_{spec.precision}"] if gathers
+            else fits[f"allreduce_{spec.precision}"])
     # The shaper's bucket refills at the shaper's own rate whatever rate a collective achieves through it
     # (a gloo all-reduce of a small model here: 25-57 MB/s, its reduction and rounds included, through a
     # 1 Gbit/s shaper); the ping-pong, one stream alone on the link, measures that rate in payload bytes
@@ -288,10 +386,14 @@ def calibrate(config: Config, args: argparse.Namespace):
                                   server_link=server_link if config.servers else None, server_service=service,
                                   speed=speed, jitter=compute["jitter"], collective_latency=sent["launch"],
                                   name="testbed")
+    # The model's own tensor shapes, as the executor plans with them: PowerSGD's P and Q are its matrices'.
+    # The compute probe timed the executor's whole step without its communication, a compressor's
+    # arithmetic and DiLoCo's outer step included (they run inside the step): the compressors' own rates
+    # stay unset (None), or the simulator would charge that work a second time.
     workload = Workload(param_bytes=sum(compute["layers"]), layers=tuple(compute["layers"]),
                         compute_time=compute["compute_time"], batch_size=args.batch_size,
                         backward_fraction=compute["backward_fraction"], idle_cost=compute["idle_cost"],
-                        name=config.model)
+                        shapes=model_shapes(config.model), compress_flops=None, scan_rate=None, name=config.model)
     values = {"compute_time": workload.compute_time, "jitter": cluster.jitter, "link_bandwidth": link.bandwidth,
               "link_alpha": link.latency, "link_launch": cluster.collective_latency,
               "server_bandwidth": server_link.bandwidth,
@@ -299,8 +401,10 @@ def calibrate(config: Config, args: argparse.Namespace):
               "server_sharing_spread": server_link.sharing_spread, "server_service": service,
               # the forward the probe's slowed rank sized its sleep from, which the run is given (measure)
               "slow_forward": compute["slow_forward"] if config.slow > 1 else math.nan,
-              # the run's all-reduce as timed just before it (the trimmed mean the collective's form passes through)
-              "link_at_size": at_size_time(measured["now"][0][2]) if own else math.nan}
+              # the run's collectives of a step as timed just before it (the trimmed means their forms pass
+              # through, summed: PowerSGD's two rounds, top-k's exchange)
+              "link_at_size": (sum(at_size_time(t) for _, _, t in measured["now"] + measured.get("gather_now", []))
+                               if own or gathers else math.nan)}
     return cluster, workload, values
 
 
@@ -429,6 +533,80 @@ def replay(cluster, workload, scheme, trace: pd.DataFrame, steps: int, world: in
     return pooled_steady_state([run.steady for run in runs]).step_time
 
 
+def measured_losses(folder: Path) -> np.ndarray:
+    """A real run's per-step losses, (steps, workers): each worker's minibatch loss at each step, as
+    real.executor logs it (``losses`` in OUT/ranks/result-rank<r>.json; worker w is rank w)."""
+    results = [json.loads(path.read_text()) for path in sorted((folder / "ranks").glob("result-rank*.json"))]
+    workers = sorted((r for r in results if r.get("role") == "worker"), key=lambda r: r["rank"])
+    if not workers or len({len(r["losses"]) for r in workers}) != 1:
+        raise ValueError(f"measured_losses: {folder} holds no workers' losses, or losses of unequal lengths")
+    return np.array([r["losses"] for r in workers], dtype=float).T
+
+
+def replayed_losses(folder: Path, steps: int) -> np.ndarray:
+    """The same losses predicted from the run's own schedule, (steps, workers) for its first ``steps`` steps:
+    its update log (real.replay.load_log: which version each gradient read and was applied to, the plan
+    built for the model's layers and shapes) replayed by syncsim.convergence on the run's model, initial
+    weights, data order and learning rate (real.replay.TorchProblem), each worker's minibatch loss taken
+    at the parameters its gradient is computed on (the replay's ``on_compute``: its replica, or the
+    server version it read), rounded to float32 as the ranks hold them. The replay stops once every
+    worker's first ``steps`` losses are taken."""
+    import torch
+    import torch.nn.functional as F
+
+    from real.models import build
+    from real.replay import TorchProblem, load_log
+    from syncsim.convergence import Replayer
+
+    config = json.loads((folder / "summary.json").read_text())["config"]
+    problem = TorchProblem(model=config["model"], data=config["data"], seed=config["seed"])
+    replayer = Replayer(load_log(folder), problem, lr=config["lr"], seed=config["seed"])
+    net, dataset = build(config["model"], config["seed"]), problem.dataset
+    steps = min(steps, config["steps"])
+    losses = np.full((steps, config["world"]), np.nan)
+    taken = [0]
+
+    def on_compute(worker: int, step: int, x: np.ndarray) -> None:
+        if step >= steps:
+            return
+        flat, offset = torch.from_numpy(np.asarray(x, dtype=np.float32)), 0
+        with torch.no_grad():
+            for param in net.parameters():
+                param.copy_(flat[offset:offset + param.numel()].view_as(param))
+                offset += param.numel()
+            index = torch.as_tensor(replayer.sampler.indices(worker, step))
+            losses[step, worker] = float(F.cross_entropy(net(dataset.x[index]), dataset.y[index]))
+        taken[0] += 1
+
+    replayer.run(on_version=lambda *_: taken[0] >= losses.size, on_compute=on_compute)
+    return losses
+
+
+def loss_agreement(measured: np.ndarray, replayed: np.ndarray) -> tuple[int, float, float]:
+    """(steps compared, median, max) of |replayed / measured - 1| over every (step, worker) of ``replayed``'s
+    steps: how closely the replay of a run's schedule predicts the losses the run logged. A pair where both
+    are not finite (a diverged run, and its replay with it) is left out; one where only one is counts as
+    infinitely apart. NaNs when nothing is left to compare."""
+    steps = min(len(measured), len(replayed))
+    real, predicted = measured[:steps], replayed[:steps]
+    both = np.isfinite(real) & np.isfinite(predicted)
+    kept = both | (np.isfinite(real) != np.isfinite(predicted))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(both, np.abs(predicted / real - 1), np.inf)[kept]
+    if not len(rel):
+        return steps, math.nan, math.nan
+    return steps, float(np.median(rel)), float(rel.max())
+
+
+def loss_figures(folder: Path, steps: int = LOSS_STEPS) -> dict:
+    """A run's loss-curve columns: loss_steps, loss_rel_median, loss_rel_max (loss_agreement over its first
+    ``steps`` steps; none compared, NaNs, when ``steps`` is 0)."""
+    if steps <= 0:
+        return {"loss_steps": 0, "loss_rel_median": math.nan, "loss_rel_max": math.nan}
+    compared, median, top = loss_agreement(measured_losses(folder), replayed_losses(folder, steps))
+    return {"loss_steps": compared, "loss_rel_median": median, "loss_rel_max": top}
+
+
 def predict(first) -> tuple:
     """The prediction of a configuration whose simulation ``first`` (a SimResult, seed 0) is: the steady
     state of PREDICTION_SEEDS simulations of it pooled (syncsim.metrics.pooled_steady_state), and the
@@ -473,23 +651,30 @@ def evaluate(config: Config, args: argparse.Namespace) -> dict:
                    predicted_staleness_max=predicted.staleness_max, measured_staleness_max=measured.staleness_max,
                    staleness_distance=staleness_distance(predicted.staleness, measured.staleness), error="")
         row["replayed_step_time"] = replay(cluster, workload, scheme, trace, steps, config.world)
+        # the run's own schedule replayed on its model and data: its logged losses, predicted step by step
+        row.update(loss_figures(folder, args.loss_steps))
     except Exception as err:  # the study goes on; the row says why this configuration has no figures
         row["error"] = f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
     row["wall_time"] = time.perf_counter() - started
     return row
 
 
-def backfill_spread(rows: list[dict], configs: dict, out: Path) -> list[dict]:
+def backfill_spread(rows: list[dict], configs: dict, out: Path, loss_steps: int = 0) -> list[dict]:
     """Finished rows measured before ``measured_spread`` existed get it from their run's kept trace
-    (``OUT/runs/<configuration>/trace.csv``), so a resumed study reports every row's drift without
-    running anything again; a row whose trace is gone keeps NaN."""
+    (``OUT/runs/<configuration>/trace.csv``), and, with ``loss_steps``, rows measured before the loss
+    curves were compared get that comparison from the run's kept outputs (loss_figures), so a resumed
+    study reports every row's drift and losses without running anything again; a row whose run's files
+    are gone keeps NaN."""
     for row in rows:
         config = configs.get(tuple(row[k] for k in KEY))
-        if config is None or not pd.isna(row.get("measured_spread")):
+        if config is None:
             continue
-        trace = out / "runs" / config.name / "trace.csv"
-        if trace.exists():
+        folder = out / "runs" / config.name
+        trace = folder / "trace.csv"
+        if pd.isna(row.get("measured_spread")) and trace.exists():
             row["measured_spread"] = run_spread(pd.read_csv(trace), int(row["run_steps"]), config.world)
+        if loss_steps and pd.isna(row.get("loss_rel_max")) and (folder / "summary.json").exists():
+            row.update(loss_figures(folder, loss_steps))
     return rows
 
 
@@ -591,6 +776,13 @@ def summary_lines(frame: pd.DataFrame, steadiness=None, default_keys: set | None
         lines.append(f"replayed (each run's own compute phases in the simulator, a diagnostic, not a prediction): "
                      f"median |error| {med:.1%}, max {top:.1%} over {n} configurations: what the model "
                      "misses besides compute")
+    compared = _recorded(ok, "loss_rel_max")
+    if len(compared):  # the run's own losses against its schedule replayed (loss_figures)
+        steps = int(ok.loc[compared.index, "loss_steps"].max())
+        lines.append(f"loss curves: each run's logged per-step losses against its update log replayed on its model "
+                     f"and data (real.replay), up to its first {steps} steps: |relative difference| median "
+                     f"{ok.loc[compared.index, 'loss_rel_median'].median():.2g} (of the rows' medians), max "
+                     f"{compared.max():.2g} over {len(compared)} configurations; by scheme below")
     seeds = _recorded(ok, "predicted_seed_cv")
     if len(seeds):
         lines.append(f"predicted step time varied from seed to seed by a median {seeds.median():.1%}, max "
@@ -607,6 +799,10 @@ def summary_lines(frame: pd.DataFrame, steadiness=None, default_keys: set | None
     table = error_table(frame)
     if table:
         lines += ["step time |error| by scheme and link rate (median / max (rows)):"] + table
+    table = loss_table(frame)
+    if table:
+        lines += ["loss curves, |replayed / logged loss - 1| by scheme (median of the rows' medians / max of their "
+                  "maxima):"] + table
     return lines
 
 
@@ -680,8 +876,11 @@ def configurations(args: argparse.Namespace) -> list[Config]:
 
     try:
         check_float("Config", "slow", args.slow, low=1.0)  # also when no straggler row is made
+        # the compressing schemes' own rows (EXTRA) belong to the default grid: a command line that names
+        # its schemes, workers or rates runs what it names
+        default = (args.schemes, args.worlds, args.bandwidths) == (SCHEMES, WORLDS, BANDWIDTHS)
         configs = quick_grid(args.slow) if args.quick else grid(args.schemes, args.worlds, args.bandwidths,
-                                                                 args.models, args.slow)
+                                                                 args.models, args.slow, EXTRA if default else ())
     except ValueError as err:
         field = str(err).split(" ", 1)[0].removeprefix("Config.").split(":")[0]
         raise ValueError(f"{FLAGS.get(field, '--' + field)}: {err}") from None
@@ -699,7 +898,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from syncsim.files import check_out_dir
 
     ap = ArgumentParser(prog="python -m studies.validation", description=__doc__.splitlines()[0])
-    ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated scheme specs")
+    ap.add_argument("--schemes", default=",".join(SCHEMES),
+                    help="comma-separated scheme specs; a scheme's own options continue it "
+                         "(allreduce:compression=powersgd,rank=4,topk:ratio=0.01 is two schemes)")
     ap.add_argument("--worlds", default=",".join(map(str, WORLDS)), help="comma-separated worker counts")
     ap.add_argument("--bandwidths", default=",".join(BANDWIDTHS), help="comma-separated link rates")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated real.models names")
@@ -708,6 +909,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=integer, default=None,
                     help=f"per worker (default {BATCH}; {QUICK_BATCH} with --quick)")
     ap.add_argument("--repeats", type=integer, default=5, help="repeats per message size in the link probe")
+    ap.add_argument("--loss-steps", type=integer, default=LOSS_STEPS,
+                    help="compare each run's logged losses with its replayed schedule over this many first steps "
+                         "(0: not compared)")
     ap.add_argument("--out", default="results/validation", help="output folder")
     ap.add_argument("--quick", action="store_true", help="a handful of configurations (a few minutes)")
     ap.add_argument("--prefix", default="sstb", help="testbed namespace prefix")
@@ -724,6 +928,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.out = check_out_dir(args.out)
         check_count("--steps", args.steps, 2)
         check_count("--repeats", args.repeats, 1, MAX_REPEATS)
+        check_count("--loss-steps", args.loss_steps, 0, MAX_STEPS)
         if args.steadiness != 0 and not 2 <= args.steadiness <= MAX_STEADINESS:
             raise ValueError(f"--steadiness must be 0 (not timed) or 2 to {MAX_STEADINESS:g} seconds, "
                              f"got {args.steadiness:g}")
@@ -776,7 +981,7 @@ def main(argv: list[str] | None = None) -> int:
     if csv.exists():  # resume: finished rows stay, failed ones are tried again
         old = pd.read_csv(csv, keep_default_na=False, na_values=[""])
         old = old[~failed(old) & (old["steps"] == args.steps) & (old["batch_size"] == args.batch_size)]
-        rows = backfill_spread(old.to_dict("records"), {c.key: c for c in configs}, args.out)
+        rows = backfill_spread(old.to_dict("records"), {c.key: c for c in configs}, args.out, args.loss_steps)
     done = {tuple(r[k] for k in KEY) for r in rows}
     todo = [c for c in configs if c.key not in done]
     started = time.perf_counter()

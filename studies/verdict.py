@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 __all__ = ["Target", "TARGETS", "STEADY_SHARE", "MISS", "abs_stats", "failed", "judgeable", "verdict_lines",
-           "sign_test", "error_table"]
+           "sign_test", "error_table", "loss_table"]
 
 STEADY_SHARE = 0.05
 """A machine is steady when fewer than this share of its steadiness windows changed speed by more than
@@ -164,4 +164,26 @@ def error_table(frame: pd.DataFrame) -> list[str]:
             text = f"{errors.abs().median():.1%} / {errors.abs().max():.1%} ({len(errors)})" if len(errors) else "-"
             cells.append(text.rjust(cell))
         lines.append("| " + scheme.ljust(width) + " | " + " | ".join(cells) + " |")
+    return lines
+
+
+def loss_table(frame: pd.DataFrame) -> list[str]:
+    """Each scheme's runs' logged per-step losses against their replayed schedules, as a Markdown table:
+    the median of its rows' median |relative difference| (loss_rel_median), the max of their maxima
+    (loss_rel_max), the rows and steps compared. Rows without a comparison (failed, or --loss-steps 0)
+    count nowhere."""
+    ok = frame[~failed(frame)]
+    if "loss_rel_max" not in ok:
+        return []
+    ok = ok.dropna(subset=["loss_rel_max"])
+    if ok.empty:
+        return []
+    schemes = list(dict.fromkeys(ok["scheme"]))
+    width = max(len(s) for s in schemes + ["scheme"])
+    lines = ["| " + "scheme".ljust(width) + " |   median |      max | rows | steps |",
+             "|" + "-" * (width + 2) + "|----------|----------|------|-------|"]
+    for scheme in schemes:
+        rows = ok[ok["scheme"] == scheme]
+        lines.append(f"| {scheme.ljust(width)} | {rows['loss_rel_median'].median():8.2g} | "
+                     f"{rows['loss_rel_max'].max():8.2g} | {len(rows):4d} | {int(rows['loss_steps'].max()):5d} |")
     return lines

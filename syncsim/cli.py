@@ -32,6 +32,8 @@ examples:
   syncsim compare ... --scheme allreduce --scheme ps:mode=async --target accuracy=0.95
   syncsim compare ... --scheme allreduce:compression=powersgd,rank=4 --scheme topk:ratio=0.01 \\
                       --scheme diloco:period=100,fragments=4
+  syncsim compare --cluster h100-400g --gpus 64 --workload llama2-7b --steps 20 --scheme allreduce \\
+                  --scheme zero:stage=1,precision=bf16 --scheme zero:stage=3,precision=bf16 --scheme fsdp:precision=bf16
   syncsim presets
 
 cluster and workload files are TOML (or JSON) with the fields of syncsim.Cluster / syncsim.Workload,
@@ -43,6 +45,8 @@ e.g. a cluster:
   inter = { bandwidth = "200Gbit/s", latency = "14us" }
 a workload's compress_flops (FLOP/s) and scan_rate (values/s) price compressors' own work (PowerSGD,
 top-k, DiLoCo's outer step); python -m real.calibrate measures both; unset, that work is free
+memory per GPU (syncsim.memory) counts parameters, gradients, Adam's state, buffers and, when the workload
+gives activation_bytes (per sample), activations; a cluster's gpu_memory (e.g. "80GiB") is what it must fit
 
 exit codes: 0 success, 2 bad input, 1 failure while running
 """
@@ -164,6 +168,7 @@ def _describe(row: dict) -> str:
              f"  staleness    mean {row['mean_staleness']:.2f}, max {row['max_staleness']}"]
     if row.get("algorithms"):
         lines.append(f"  collectives  {row['algorithms']}")
+    lines.append(f"  memory/GPU   {row['_result'].memory.describe()}")
     if "target" in row:
         reached = math.isfinite(row["time_to_target"])
         lines.append(f"  to {row['target']} (digits replay): " + (
@@ -177,20 +182,34 @@ def _public(row: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in clean.items()}
 
 
+def _memory_cell(row: dict) -> str:
+    """Peak memory per GPU in GiB; "+" when activations are unknown (a lower bound), "!" when it does not fit."""
+    mark = "!" if row["fits"] is False else "+" if not row["memory_complete"] else " "
+    return f"{row['memory_per_gpu'] / 2**30:8.1f}{mark}"
+
+
 def _table(rows: list[dict]) -> str:
     width = max(34, *(len(r["scheme"]) for r in rows))  # a long name (allreduce:compression=...) widens the column
-    header = f"{'scheme':{width}s} {'ms/step':>9s} {'samples/s':>11s} {'speedup':>8s} {'eff':>5s} {'stale':>6s}"
+    header = (f"{'scheme':{width}s} {'ms/step':>9s} {'samples/s':>11s} {'speedup':>8s} {'eff':>5s} {'stale':>6s} "
+              f"{'GiB/GPU':>9s}")
     with_target = any("target" in r for r in rows)
     if with_target:
         header += f" {'to target (s)':>14s} {'steps':>6s}"
     lines = [header]
     for r in rows:
         line = (f"{r['scheme']:{width}s} {r['step_time'] * 1e3:9.2f} {r['throughput']:11,.0f} {r['speedup']:8.1f} "
-                f"{r['efficiency']:5.2f} {r['mean_staleness']:6.2f}")
+                f"{r['efficiency']:5.2f} {r['mean_staleness']:6.2f} {_memory_cell(r)}")
         if with_target:
             line += f" {r['time_to_target']:14.2f} {r['steps_to_target']:6.0f}"
         lines.append(line)
-    return "\n".join(lines)
+    notes = []
+    if any(not r["memory_complete"] for r in rows):
+        notes.append("GiB/GPU: peak memory per GPU (syncsim.memory); + without activations, which the workload "
+                     "does not give (a lower bound)")
+    if any(r["fits"] is False for r in rows):
+        gib = rows[0]["gpu_memory"] / 2**30
+        notes.append(f"! does not fit in the GPU's {gib:.1f} GiB")
+    return "\n".join(lines + notes)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -215,7 +234,8 @@ def _parser() -> argparse.ArgumentParser:
         if name == "simulate":
             p.add_argument("--scheme", required=True, help="e.g. allreduce, ps:staleness=2, localsgd:period=8, "
                                                             "allreduce:compression=powersgd,rank=4, topk:ratio=0.01, "
-                                                            "diloco:period=100")
+                                                            "diloco:period=100, zero:stage=3,precision=bf16, "
+                                                            "fsdp:reshard=false")
         else:
             p.add_argument("--scheme", required=True, action="append", help="repeat for each scheme")
         p.add_argument("--steps", type=_positive_int("--steps"), default=100, help="steps per worker (100)")

@@ -145,6 +145,9 @@ class Cluster(ConfigFile):
     """Probability that a GPU straggles on a given step."""
     straggler_slowdown: float = 1.0
     """Compute-time multiplier of a straggling step (>= 1)."""
+    gpu_memory: float | str | None = None
+    """Bytes of memory of each GPU (or "80GiB"): what a worker's training state, buffers and activations
+    must fit in (syncsim.memory; a result's ``fits``). None (the default): not given, and not checked."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -193,6 +196,9 @@ class Cluster(ConfigFile):
                            check_float(owner, "straggler_prob", self.straggler_prob, low=0.0, high=1.0))
         object.__setattr__(self, "straggler_slowdown",
                            check_float(owner, "straggler_slowdown", self.straggler_slowdown, low=1.0))
+        if self.gpu_memory is not None:
+            memory = parse_size(self.gpu_memory, "Cluster.gpu_memory")
+            object.__setattr__(self, "gpu_memory", check_positive(owner, "gpu_memory", memory))
 
     # -- derived ------------------------------------------------------------------
     @property
@@ -276,23 +282,28 @@ class Cluster(ConfigFile):
 # RoCE rails); "h100-400g": DGX H100, one 400 Gbit/s ConnectX-7 per GPU
 # (NVIDIA DGX H100 datasheet). NVLink SHARP (in-switch reduction on H100) is
 # not modelled: its single-node all-reduce is faster than these presets say.
+# - GPU memory: the A100 80GB and H100 SXM5 80GB datasheets give "80GB" of HBM2e and HBM3; what NVML
+#   reports as the device's total (nvidia-smi) is 81,920 MiB on an A100 80GB and 81,559 MiB on an H100 80GB
+#   (Modal, "Why does an NVIDIA H100 80GB card offer 85.52 GB?", 2024, a table from NVML), which is what the
+#   presets take. The CUDA context and the allocator's caching take some of it (not modelled).
 _NCCL_LAUNCH = "8.4us"
 CLUSTER_PRESETS: dict[str, dict] = {
     "a100-100g": dict(
         nodes=1, gpus_per_node=8, nics_per_node=8, collective_latency=_NCCL_LAUNCH,
         intra=Link(bandwidth="240GB/s", latency="3.4us"),
-        inter=Link(bandwidth="12GB/s", latency="14us"),
+        inter=Link(bandwidth="12GB/s", latency="14us"), gpu_memory="81920MiB",
     ),
     "h100-400g": dict(
         nodes=1, gpus_per_node=8, nics_per_node=8, collective_latency=_NCCL_LAUNCH,
         intra=Link(bandwidth="370.8GB/s", latency="3.4us"),
-        inter=Link(bandwidth="48GB/s", latency="14us"),
+        inter=Link(bandwidth="48GB/s", latency="14us"), gpu_memory="81559MiB",
     ),
 }
 # One line per preset for `syncsim presets`: what it is and where its numbers come from.
 CLUSTER_NOTES: dict[str, str] = {
     "a100-100g": "8 x A100 per node, NVLink 3 at 240 GB/s (NCCL topo.h: 12 x 20 GB/s), one 100 Gbit/s NIC per GPU "
-                 "at 12 GB/s (NCCL maintainers, nccl-tests #119); NCCL 2.20 Simple-protocol latencies",
+                 "at 12 GB/s (NCCL maintainers, nccl-tests #119); NCCL 2.20 Simple-protocol latencies; A100 80GB "
+                 "(81,920 MiB, NVML)",
     "h100-400g": "8 x H100 per node (DGX H100), NVLink 4 at 370.8 GB/s (18 x 20.6 GB/s), one 400 Gbit/s ConnectX-7 "
-                 "per GPU at 48 GB/s (nccl-tests #267); no NVLink SHARP",
+                 "per GPU at 48 GB/s (nccl-tests #267); no NVLink SHARP; H100 80GB (81,559 MiB, NVML)",
 }

@@ -104,6 +104,14 @@ rings: p − 1 steps, each GPU sending (p − 1)·n of the gathered p·n over th
 resources; its critical path is p − 1 consecutive hops (``allgather_inter_hops`` of them between
 nodes).
 
+reduce-scatter (``reducescatter_time``, ZeRO's and FSDP's gradients) — the all-gather run backwards: one
+turn of NCCL's rings, p − 1 steps, in which every GPU sends and receives (p − 1)/p of its n bytes, adding
+what it receives to its own (tuning.cc gives ReduceScatter the all-gather's ``nsteps = nRanks-1`` and
+``nInterSteps = nNodes-1``, and runs both on rings only). Its time is therefore the all-gather's with each
+GPU contributing n/p; ZeRO's and FSDP's parameter all-gathers (``AllGatherParameters``) are priced the same
+way, each GPU contributing its 1/p shard of the gathered n. A reduce-scatter then an all-gather move a ring
+all-reduce's bytes (2(p − 1)/p · n per GPU), with two launches and two ring passes of latency.
+
 auto — what NCCL's tuner does for each collective: the fastest of the
 algorithms it has, ring and tree (its CollNet and NVLS algorithms need
 switch-side reduction, not modelled; ``hierarchical`` and ``binomial`` are
@@ -119,6 +127,7 @@ from syncsim.cluster import Cluster
 
 __all__ = [
     "ALGORITHMS", "NCCL_ALGORITHMS", "allreduce_time", "allgather_time", "allgather_inter_hops", "choose",
+    "reducescatter_time", "sharded_allgather_time",
     "ring_time", "tree_time", "hierarchical_time", "binomial_time", "tree_node_edges", "ring_inter_hops",
     "tree_efficiency",
     "pipeline_time",
@@ -282,6 +291,35 @@ def allgather_time(cluster: Cluster, nbytes: float) -> float:
     inter = allgather_inter_hops(m, g)
     hops = (p - 1 - inter) * a_i + inter * a_n
     return cluster.collective_latency + hops + (p - 1) * nbytes * per_byte  # type: ignore[operator]
+
+
+def reducescatter_time(cluster: Cluster, nbytes: float) -> float:
+    """Seconds for a ring reduce-scatter of ``nbytes`` per GPU: each of the p GPUs ends with the sum of its
+    1/p shard.
+
+    NCCL runs it on its rings only, as one pass of p − 1 steps like all-gather (src/graph/tuning.cc,
+    ncclTopoTuneModel at NVIDIA/nccl 01afd20a: ``nsteps = nRanks-1`` and ``nInterSteps = nNodes-1`` for
+    ncclCollReduceScatter and ncclCollAllGather alike, ``2*(nRanks-1)`` and ``2*(nNodes-1)`` for AllReduce;
+    ``if (coll != ncclCollAllReduce && a != NCCL_ALGO_RING) continue``): at each step every GPU passes one
+    shard of n/p to its ring successor, which adds its own and passes it on, so every GPU sends (p − 1)/p·n
+    over the ring all-reduce's resources and a shard crosses p − 1 consecutive hops. That is exactly an
+    all-gather in which every GPU contributes n/p, run backwards (nccl-tests, doc/PERFORMANCE.md: both have
+    busBw = algBw·(p − 1)/p), so
+
+        T = L + (p − 1 − h_n)·α_i + h_n·α_n + (p − 1)/p · n · max(s/B_i, 1/(r·B_n)),
+
+    with h_n = allgather_inter_hops (m, g) and s as for the ring all-reduce; the additions run at memory
+    bandwidth and are left out, as for every all-reduce. With g = 1, r = 1, L = 0 it is the textbook ring
+    reduce-scatter (p − 1)·α + (p − 1)/p·n/B (Thakur, Rabenseifner & Gropp 2005)."""
+    p = cluster.gpus
+    return allgather_time(cluster, nbytes / p) if p > 1 else 0.0
+
+
+def sharded_allgather_time(cluster: Cluster, nbytes: float) -> float:
+    """Seconds for a ring all-gather that leaves every GPU holding ``nbytes`` of which it owned 1/p (ZeRO's and
+    FSDP's parameter gathers): ``allgather_time`` with each GPU contributing its shard, n/p."""
+    p = cluster.gpus
+    return allgather_time(cluster, nbytes / p) if p > 1 else 0.0
 
 
 def allreduce_time(algorithm: str, nbytes: float, cluster: Cluster) -> float:

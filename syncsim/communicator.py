@@ -13,6 +13,14 @@ recorded per bucket (``SimResult.collectives``).
 One shared SimPy event per collective resumes all W workers; the per-worker
 bookkeeping is vectorised over workers, so a step of W workers costs O(W)
 array work and a single scheduled event.
+
+Sharded data parallelism (ZeRO, FSDP) interleaves its collectives with the
+compute they feed: a unit's forward cannot start before its parameters are
+gathered. A step's sharded actions join as one *schedule* (``join_schedule``):
+the collectives in the order the workers issue them, each issued when the
+slowest worker's compute reaches its issue point and run when the one before it
+on the communicator is done, and compute held back at each unit whose gather
+has not ended. Still one event per step for all W workers.
 """
 
 from __future__ import annotations
@@ -21,15 +29,65 @@ import numpy as np
 import simpy
 
 from syncsim.cluster import Cluster, Link
-from syncsim.collectives import allgather_time, allreduce_time, choose
+from syncsim.collectives import allgather_time, allreduce_time, choose, reducescatter_time, sharded_allgather_time
 from syncsim.network import triggered
 from syncsim.recorder import KIND_CODE, Recorder
 
-__all__ = ["Communicator", "ALLGATHER"]
+__all__ = ["Communicator", "ALLGATHER", "REDUCESCATTER", "Schedule", "build_schedule"]
 
 _COMPUTE = KIND_CODE["compute"]
 # The name a join gives as its algorithm for an all-gather (NCCL runs all-gather on its rings only).
 ALLGATHER = "allgather"
+# The name a schedule's reduce-scatter runs under (NCCL runs reduce-scatter on its rings only).
+REDUCESCATTER = "reducescatter"
+
+
+class Schedule:
+    """A step's sharded actions laid out for the communicator (``build_schedule``).
+
+    ``entries``: one (action index, bucket, algorithm, bytes, issue fraction, past the gates there?) per
+    collective, in the order the workers issue them; ``gates``: (fraction, entry) for each gathered unit,
+    in order of fraction: compute cannot pass the fraction before that entry's collective has ended;
+    ``actions``: (trace kind, bytes) per action, for its trace row; ``last``: whether the step's
+    optimiser step makes a new version when the schedule ends."""
+
+    __slots__ = ("entries", "gates", "actions", "last", "keep")
+
+    def __init__(self, entries, gates, actions, last, keep) -> None:
+        self.entries, self.gates, self.actions, self.last, self.keep = entries, gates, actions, last, keep
+
+
+def build_schedule(actions) -> Schedule:
+    """The schedule of one step's sharded actions (syncsim.schemes.SHARDED_ACTIONS), in plan order.
+
+    A reduce-scatter's bucket b is issued when compute reaches its ``ready`` fraction; a gather as its
+    action says (``AllGatherParameters.issued``). At the same point, a collective that must wait for the
+    compute to be let past it comes after one issued on arriving there, and otherwise plan order decides,
+    bucket by bucket: FSDP issues a unit's prefetched gather before the reduce-scatter of the unit whose
+    backward runs meanwhile (torch's BackwardPrefetch.BACKWARD_PRE: "prefetches the next set of parameters
+    before the current set of parameters' gradient computation")."""
+    from syncsim.schemes.actions import AllGatherParameters, ReduceScatterGradients, ShardedOptimizerStep
+
+    raw, rows, last = [], [], False
+    for index, action in enumerate(actions):
+        if isinstance(action, ShardedOptimizerStep):
+            last = True
+            continue
+        if isinstance(action, ReduceScatterGradients):
+            for b, (nbytes, ready) in enumerate(zip(action.buckets, action.ready)):
+                raw.append(((ready, False, index, b), REDUCESCATTER, nbytes, None))
+        elif isinstance(action, AllGatherParameters):
+            for b, (nbytes, need, (issue, past)) in enumerate(zip(action.units, action.needed, action.issued())):
+                # a gather needed at 1.0 (after the compute: ZeRO-1/2's) holds no compute back
+                raw.append(((issue, past, index, b), ALLGATHER, nbytes, need if need < 1.0 else None))
+        else:
+            raise ValueError(f"a sharded schedule takes reduce-scatters, gathers and optimiser steps, not "
+                             f"{type(action).__name__}")
+        rows.append((index, KIND_CODE[action.kind], float(action.nbytes)))
+    raw.sort(key=lambda item: item[0])
+    entries = tuple((key[2], key[3], algorithm, nbytes, key[0], key[1]) for key, algorithm, nbytes, _ in raw)
+    gates = tuple(sorted((need, i) for i, (_, _, _, need) in enumerate(raw) if need is not None))
+    return Schedule(entries, gates, tuple(rows), last, tuple(actions))
 
 
 class _Pending:
@@ -49,6 +107,19 @@ class _Pending:
         self.base = np.empty(workers)      # when each worker's contribution starts being produced
         self.span = np.zeros(workers)      # how long producing it takes (compute time, or 0)
         self.computed = np.zeros(workers, dtype=bool)  # whether a compute row is owed to the trace
+        self.arrived = 0
+        self.done = env.event()
+
+
+class _PendingSchedule:
+    __slots__ = ("step", "schedule", "base", "span", "computed", "arrived", "done")
+
+    def __init__(self, env: simpy.Environment, workers: int, step: int, schedule: Schedule) -> None:
+        self.step = step
+        self.schedule = schedule
+        self.base = np.empty(workers)
+        self.span = np.zeros(workers)
+        self.computed = np.zeros(workers, dtype=bool)
         self.arrived = 0
         self.done = env.event()
 
@@ -94,6 +165,26 @@ class Communicator:
                 cost = choose(algorithm, nbytes, self.cluster)
             self._cost[key] = cost
         return cost
+
+    def sharded_cost(self, algorithm: str, nbytes: float) -> float:
+        """Seconds of one of a schedule's collectives over ``nbytes`` (the whole buffer): a reduce-scatter
+        (syncsim.collectives.reducescatter_time) or a gather of parameters sharded 1/p per GPU
+        (sharded_allgather_time)."""
+        key = ("sharded " + algorithm, nbytes)
+        cost = self._cost.get(key)
+        if cost is None:
+            time = reducescatter_time if algorithm == REDUCESCATTER else sharded_allgather_time
+            cost = self._cost[key] = (algorithm, time(self.cluster, nbytes))
+        return cost[1]
+
+    def sharded_wire_bytes(self, algorithm: str, nbytes: float) -> float:
+        """Bytes the slowest link carries in one of a schedule's collectives (wire_bytes' counterpart)."""
+        key = ("sharded " + algorithm, nbytes)
+        wire = self._wire.get(key)
+        if wire is None:
+            time = reducescatter_time if algorithm == REDUCESCATTER else sharded_allgather_time
+            wire = self._wire[key] = time(self._wire_cluster, nbytes) * self.rate
+        return wire
 
     def wire_bytes(self, algorithm: str, nbytes: float) -> float:
         """Bytes the slowest link carries in one collective: its closed form's transmission term x rate."""
@@ -149,6 +240,87 @@ class Communicator:
             self._pending = None
             self._complete(pending)
         return pending.done
+
+    def join_schedule(self, worker: int, step: int, schedule: Schedule, base: float, span: float,
+                      computed: bool) -> simpy.Event:
+        """Contribute to a step's sharded schedule: this worker's compute starts at ``base`` and lasts
+        ``span`` (its trace row recorded on its behalf when ``computed``); the event fires when the step's
+        last collective has ended."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = _PendingSchedule(self.env, self.workers, step, schedule)
+        pending.base[worker] = base
+        pending.span[worker] = span
+        pending.computed[worker] = computed
+        pending.arrived += 1
+        if pending.arrived == self.workers:
+            self._pending = None
+            self._complete_schedule(pending)
+        return pending.done
+
+    def _complete_schedule(self, pending: _PendingSchedule) -> None:
+        """Lay a step's sharded schedule out in time, for every worker at once.
+
+        ``at`` holds, per worker, when its compute reached fraction ``pos`` of the step's compute (not yet
+        let past the gates there); moving on to fraction x adds (x − pos)·span, and passing a gate waits
+        for its gather's end. Each collective starts when the communicator is free and the slowest worker
+        has issued it, and takes its closed-form time (``sharded_cost``)."""
+        env, recorder, state, schedule = self.env, self.recorder, self.state, pending.schedule
+        span = pending.span
+        at = pending.base.copy()
+        pos, clock = 0.0, self.free_at
+        gates, next_gate = schedule.gates, 0
+        entries = schedule.entries
+        ends = [0.0] * len(entries)
+        first: dict[int, float] = {}
+        last: dict[int, float] = {}
+        began = None  # when each worker's compute began: once the units needed at its start are gathered
+        for i, (index, bucket, algorithm, nbytes, issue, past) in enumerate(entries):
+            while next_gate < len(gates):
+                need, owner = gates[next_gate]
+                if need > issue or (need == issue and not past) or owner >= i:
+                    break
+                if need > pos:
+                    at += (need - pos) * span
+                    pos = need
+                np.maximum(at, ends[owner], out=at)
+                if need <= 0.0:
+                    began = at.copy()
+                next_gate += 1
+            if issue > pos:
+                at += (issue - pos) * span
+                pos = issue
+            start = max(clock, float(at.max()))
+            seconds = self.sharded_cost(algorithm, nbytes)
+            if self.burst:
+                seconds = self._shaped(seconds, self.sharded_wire_bytes(algorithm, nbytes), start - clock)
+            clock = ends[i] = start + seconds
+            first.setdefault(index, start)
+            last[index] = clock
+            recorder.collective(pending.step, algorithm, bucket, nbytes, algorithm, start, clock)
+        for need, owner in gates[next_gate:]:  # the rest of the compute, past every remaining gate
+            if need > pos:
+                at += (need - pos) * span
+                pos = need
+            np.maximum(at, ends[owner], out=at)
+            if need <= 0.0:
+                began = at.copy()
+        if began is None:
+            began = pending.base
+        if pos < 1.0:
+            at += (1.0 - pos) * span
+        self.free_at = clock
+        end = max(clock, float(at.max()))
+        workers = self._all
+        if pending.computed.any():
+            who = workers[pending.computed]
+            recorder.events(who, pending.step, _COMPUTE, began[pending.computed], at[pending.computed], 0.0)
+        for index, code, nbytes in schedule.actions:
+            if index in first:
+                recorder.events(workers, pending.step, code, first[index], last[index], nbytes)
+        if schedule.last:
+            state.collective_done(REDUCESCATTER, pending.step, end)
+        env.schedule(triggered(pending.done), delay=end - env.now)
 
     def _complete(self, pending: _Pending) -> None:
         env, recorder, state = self.env, self.recorder, self.state

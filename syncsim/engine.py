@@ -21,6 +21,16 @@ ends the collective's trace row and lands the new version that much later. Unset
 Every worker works at the same rates: the cluster's speed factors, jitter and stragglers scale the
 model's compute only, and replayed compute times (``simulate(compute_times=...)``) leave the
 compressors' work priced as it is.
+
+Sharded data parallelism's actions (``SHARDED_ACTIONS``: reduce-scatters, parameter gathers, the
+sharded optimiser step) are taken lazily too: each is noted, and at the end of the step the step's
+sharded actions and its compute join the communicator as one schedule
+(``Communicator.join_schedule``), which lays every unit's gather, compute and reduce-scatter out in
+time: one event per step for all workers, as for an all-reduce. A plan that mixes them with actions
+other than ``Compute`` is refused. The compute's trace row then runs from when the first unit's
+parameters have arrived to the compute's end, later waits for gathered parameters included; the
+optimiser step takes no time (as no optimiser step does here), and the new version lands when the
+step's last collective ends.
 """
 
 from __future__ import annotations
@@ -33,13 +43,15 @@ import numpy as np
 import simpy
 
 from syncsim.cluster import Cluster
-from syncsim.communicator import ALLGATHER, Communicator
+from syncsim.communicator import ALLGATHER, REDUCESCATTER, Communicator, build_schedule
 from syncsim.compute import ComputeTimes, ReplayedTimes
 from syncsim.config import check_int
 from syncsim.limits import SIM_BYTES_PER_WORKER_STEP, check_memory
 from syncsim.recorder import KIND_CODE, Recorder
 from syncsim.result import SimResult
 from syncsim.schemes import (
+    SHARDED_ACTIONS,
+    AllGatherParameters,
     AllReduceGradients,
     AverageParameters,
     Compute,
@@ -48,7 +60,9 @@ from syncsim.schemes import (
     OuterStep,
     Pull,
     Push,
+    ReduceScatterGradients,
     Scheme,
+    ShardedOptimizerStep,
     SparseAllGather,
     WaitForClock,
     parse,
@@ -61,10 +75,11 @@ __all__ = ["simulate", "speedup", "compression_work"]
 _GENERATOR = type(x for x in ())
 
 _COMPUTE, _PUSH, _PULL, _WAIT = (KIND_CODE[k] for k in ("compute", "push", "pull", "wait"))
-_COLLECTIVES = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep)
+_COLLECTIVES = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep,
+                AllGatherParameters, ReduceScatterGradients)
 # Collectives after which every worker's gradient of the step has been applied (one update row each);
 # the others (parameter averaging, outer steps) fold the workers' local steps into the new version.
-_GRADIENT_COLLECTIVES = ("allreduce", "allgather")
+_GRADIENT_COLLECTIVES = ("allreduce", "allgather", REDUCESCATTER)
 
 
 def compression_work(action: object, workers: int) -> tuple[tuple[float, float], ...]:
@@ -151,10 +166,18 @@ class _Run:
         self.step_end = np.zeros((steps, self.workers))
         self.flop_rate, self.scan_rate = workload.compress_flops, workload.scan_rate
         self._stages: dict[object, tuple[float, ...]] = {}
+        kinds = self.policy.action_types(steps)
+        if kinds & set(SHARDED_ACTIONS) and kinds - set(SHARDED_ACTIONS) - {Compute}:
+            others = ", ".join(sorted(k.__name__ for k in kinds - set(SHARDED_ACTIONS) - {Compute}))
+            raise ValueError(f"scheme {str(scheme)!r}: the simulator schedules sharded actions only with the step's "
+                             f"Compute, not beside {others}")
+        self.noted: list[list] = [[] for _ in range(self.workers)]  # each worker's sharded actions of its step
+        self._schedules: dict[tuple[int, ...], object] = {}
         self.handlers: dict[type, Callable] = {
             AllReduceGradients: self._allreduce, AverageParameters: self._average, LocalUpdate: self._local_update,
             Push: self._push, WaitForClock: self._wait, Pull: self._pull, LowRankAllReduce: self._low_rank,
-            SparseAllGather: self._allgather, OuterStep: self._outer,
+            SparseAllGather: self._allgather, OuterStep: self._outer, ReduceScatterGradients: self._note,
+            AllGatherParameters: self._note, ShardedOptimizerStep: self._note,
         }  # Compute is taken inline in worker(), lazily
 
     # A handler returns None, one event to wait for, or a generator of
@@ -168,6 +191,7 @@ class _Run:
         times, idle_extra = self.times, self.idle_extra
         pending = [0.0, 0.0, False, 0.0]
         computed = None  # when this worker's last compute ended
+        noted = self.noted[w]
         for step in range(steps):
             for action in plan(step, steps):
                 if type(action) is Compute:
@@ -185,6 +209,8 @@ class _Run:
                         yield from wait
                     else:
                         yield wait
+            if noted:  # the step's sharded actions, with its compute, as one schedule
+                yield self._sharded(w, step, pending, noted)
             if pending[2]:  # a step that ends on its own compute (a local step)
                 yield from self._settle(w, step, pending)
             # A pull's latency still owed is paid by the next compute; the step
@@ -239,6 +265,24 @@ class _Run:
                 (flops / flop_rate if flop_rate else 0.0) + (values / scan_rate if scan_rate else 0.0)
                 for flops, values in compression_work(action, self.workers))
         return seconds
+
+    def _note(self, w: int, step: int, action: object, pending: list) -> None:
+        # a sharded action: carried out with the rest of the step's (worker(), _sharded)
+        self.noted[w].append(action)
+
+    def _sharded(self, w: int, step: int, pending: list, noted: list):
+        """Join the step's sharded schedule: the noted actions, laid out around the step's compute."""
+        key = tuple(map(id, noted))
+        schedule = self._schedules.get(key)
+        if schedule is None:  # the schedule keeps its actions, so their ids stay theirs
+            schedule = self._schedules[key] = build_schedule(tuple(noted))
+        noted.clear()
+        if pending[2]:
+            pending[2] = False
+            return self.comm.join_schedule(w, step, schedule, pending[0], pending[1], True)
+        base = self.env.now + pending[3]
+        pending[3] = 0.0
+        return self.comm.join_schedule(w, step, schedule, base, 0.0, False)
 
     def _local_update(self, w: int, step: int, action: LocalUpdate, pending: list):
         yield from self._settle(w, step, pending)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["Recorder", "KINDS", "TRACE_COLUMNS", "UPDATE_COLUMNS", "COLLECTIVE_COLUMNS"]
 
 # Kinds of trace rows: the actions that take time or move bytes.
-KINDS = ("compute", "allreduce", "average", "push", "wait", "pull", "allgather", "outer")
+KINDS = ("compute", "allreduce", "average", "push", "wait", "pull", "allgather", "outer", "reducescatter")
 KIND_CODE = {kind: code for code, kind in enumerate(KINDS)}
 TRACE_COLUMNS = ("worker", "step", "kind", "start", "end", "bytes")
 UPDATE_COLUMNS = ("worker", "step", "version_read", "version_applied", "staleness", "time_applied")

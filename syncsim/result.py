@@ -12,6 +12,7 @@ import pandas as pd
 
 from syncsim.cluster import Cluster
 from syncsim.files import write_atomic
+from syncsim.memory import Memory, estimate
 from syncsim.metrics import SteadyState, steady_state
 from syncsim.recorder import Recorder
 from syncsim.schemes import Scheme
@@ -87,6 +88,12 @@ class SimResult:
         return self.speedup / self.workers
 
     @cached_property
+    def memory(self) -> Memory:
+        """One worker's memory at its peak (syncsim.memory); ``memory.fits`` flags a configuration that does
+        not fit the cluster's ``gpu_memory`` (False), does (True) or cannot be told (None)."""
+        return estimate(self.cluster, self.workload, self.scheme)
+
+    @cached_property
     def trace(self) -> pd.DataFrame:
         """One row per timed action: worker, step, kind, start, end, bytes (seconds, bytes on the wire)."""
         return self.recorder.trace_frame()
@@ -116,6 +123,8 @@ class SimResult:
             "efficiency": self.efficiency,
             "mean_staleness": self.steady.staleness_mean, "max_staleness": self.steady.staleness_max,
             "algorithms": self.algorithms,
+            "memory_per_gpu": self.memory.peak, "memory_complete": self.memory.complete,
+            "gpu_memory": self.cluster.gpu_memory, "fits": self.memory.fits,
             "wall_time": self.wall_time,
         }
 

@@ -18,6 +18,8 @@ it out (the default, no cost). ``compress_flops`` and ``scan_rate`` are the
 worker's rates for a gradient compressor's own work (PowerSGD's products, top-k's
 selection, DiLoCo's outer step), physical rates charged for the work each action
 does, never a factor per scheme; unset (the default) that work is free.
+``activation_bytes`` is what one sample's forward keeps for its backward (syncsim.memory counts it,
+times ``batch_size``, in a worker's peak memory); unset (the default) it is unknown and not counted.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ class Workload(ConfigFile):
     over the fragment. ``python -m real.calibrate`` times a partition of the gradient's size, the
     costliest pass (numpy's elementwise passes run about twice as fast, so this errs towards slow).
     None (the default): not modelled, the passes take no time."""
+    activation_bytes: float | str | None = None
+    """Bytes of activations one sample's forward pass keeps for its backward, all layers together, at the
+    precision the model computes in: a worker holds ``batch_size`` times this at the end of its forward, its
+    memory's peak (syncsim.memory; Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", section 4, count it per tensor a layer saves). None (the default): unknown, and not
+    counted, so a memory estimate without it is a lower bound."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +95,10 @@ class Workload(ConfigFile):
             value = getattr(self, rate)
             if value is not None:
                 object.__setattr__(self, rate, check_positive(owner, rate, value))
+        if self.activation_bytes is not None:
+            activations = parse_size(self.activation_bytes, "Workload.activation_bytes")
+            object.__setattr__(self, "activation_bytes", check_float(owner, "activation_bytes", activations,
+                                                                     low=0.0))
         object.__setattr__(self, "shapes", _check_shapes(self.shapes))
         layers = self.layers
         if layers is not None:
@@ -272,6 +284,56 @@ def _gpt2_shapes(layers: int = 12, width: int = 768, vocab: int = 50257, context
     return ((vocab, width), (context, width), *(block * layers), *norm)
 
 
+# Llama 2 7B (Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models"), from its published
+# configuration (meta-llama/Llama-2-7b-hf, config.json): hidden 4096, intermediate 11008, 32 layers, 32 heads
+# of 128, vocabulary 32000, 4096-token context, untied input and output embeddings, RMSNorm; no biases.
+LLAMA2_7B = dict(hidden=4096, intermediate=11008, layers=32, heads=32, vocab=32000, context=4096)
+
+
+def _llama_shapes(hidden: int, intermediate: int, layers: int, heads: int, vocab: int, context: int) -> tuple:
+    # As the reference implementation registers them (torch's (out, in) layout): the token embedding, per
+    # block q, k, v, o projections, the SwiGLU MLP's gate, up and down projections, the two RMSNorm weights;
+    # the final norm and the output layer. 6,738,415,616 values for Llama 2 7B, its published "7B" (6.74e9).
+    block = ((hidden, hidden),) * 4 + ((intermediate, hidden), (intermediate, hidden), (hidden, intermediate),
+                                       (hidden,), (hidden,))
+    return ((vocab, hidden), *(block * layers), (hidden,), (vocab, hidden))
+
+
+def _llama_layers(hidden: int, intermediate: int, layers: int, heads: int, vocab: int, context: int) -> tuple:
+    # fp32 bytes of the embedding, each transformer block, and the final norm with the output layer: what
+    # FSDP wraps as units (torchtitan wraps each block) and DDP fills buckets from.
+    block = 4 * hidden * hidden + 3 * intermediate * hidden + 2 * hidden
+    return (float(FP32_BYTES * vocab * hidden), *(float(FP32_BYTES * block),) * layers,
+            float(FP32_BYTES * (hidden + vocab * hidden)))
+
+
+def _llama_train_flops_per_token(hidden: int, intermediate: int, layers: int, heads: int, vocab: int,
+                                 context: int) -> float:
+    # PaLM's count (Chowdhery et al. 2022, appendix B): 6N + 12·L·H·Q·T per token, N the parameters that take
+    # part in matrix products (all but the input embedding, a lookup; the untied output layer is a product),
+    # L layers, H heads of Q dimensions, T the sequence: 46.09e9 for Llama 2 7B at 4096 tokens (6N alone:
+    # 39.6e9). Cross-check: Llama 2's 184,320 A100 GPU-hours for 2.0T tokens (Touvron et al. 2023, tables 1
+    # and 2) are 3,014 tokens/s per GPU, 44.5 % of the A100's peak by this count, end to end.
+    n = sum(math.prod(shape) for shape in _llama_shapes(hidden, intermediate, layers, heads, vocab, context))
+    n -= vocab * hidden
+    return 6 * n + 12 * layers * heads * (hidden // heads) * context
+
+
+def _llama_activation_bytes(hidden: int, intermediate: int, layers: int, heads: int, vocab: int,
+                            context: int) -> float:
+    # Activations one sequence keeps for backward in 16-bit, counted tensor by tensor as Korthikanti et al.
+    # 2022 (section 4.1) count a GPT layer's (34·s·h + 5·a·s² bytes), applied to Llama's block (s the
+    # sequence, h hidden, i intermediate): attention 10·s·h (the q/k/v projections' input; Q and K after
+    # rotary embedding, V and the output O, which FlashAttention keeps instead of the s × s scores; O is also
+    # the output projection's input); SwiGLU MLP 2·s·h + 8·s·i (its input; gate, SiLU(gate), up and their
+    # product, the down projection's input); two RMSNorm inputs 4·s·h; no dropout. After the blocks: the final
+    # norm's and the output layer's inputs (4·s·h) and one fp32 copy of the logits for the loss (4·s·V). For
+    # Llama 2 7B, 20.72e9 bytes (19.3 GiB) per 4096-token sequence. An estimate of ours, not a measurement.
+    s, h, i = context, hidden, intermediate
+    per_layer = 10 * s * h + (2 * s * h + 8 * s * i) + 4 * s * h
+    return float(layers * per_layer + 4 * s * h + 4 * s * vocab)
+
+
 # Model FLOP utilisation assumptions: convolutional nets train far below
 # tensor-core peak (batch norm and activations are memory-bound), ~10% on
 # A100, in line with the ~2,600 img/s mixed-precision ResNet-50 throughput
@@ -303,6 +365,14 @@ WORKLOAD_PRESETS: dict[str, dict] = {
     # model); 6·N FLOPs per token, 1,024-token sequences.
     "gpt2": dict(param_bytes=124_439_808 * FP32_BYTES, shapes=_gpt2_shapes(),
                  compute_time=estimate_step_time(6 * 124_439_808 * 1024, 8, _TRANSFORMER_MFU), batch_size=8),
+    # Llama 2 7B: 6,738,415,616 parameters (counted from its published configuration above), one 4096-token
+    # sequence per worker and step (1,024 workers then make Llama 2's batch of 4M tokens, Touvron et al. 2023,
+    # section 2.2), PaLM's FLOPs per token at 35 % of A100 peak; its blocks as layers, its tensors as shapes.
+    "llama2-7b": dict(param_bytes=sum(_llama_layers(**LLAMA2_7B)), layers=_llama_layers(**LLAMA2_7B),
+                      shapes=_llama_shapes(**LLAMA2_7B),
+                      compute_time=estimate_step_time(_llama_train_flops_per_token(**LLAMA2_7B) * 4096, 1,
+                                                      _TRANSFORMER_MFU),
+                      batch_size=1, activation_bytes=_llama_activation_bytes(**LLAMA2_7B)),
 }
 # One line per preset for `syncsim presets`: what it is and where its numbers come from.
 WORKLOAD_NOTES: dict[str, str] = {
@@ -314,4 +384,7 @@ WORKLOAD_NOTES: dict[str, str] = {
                   "sequences; 35% of A100 peak (Narayanan et al. 2021)",
     "gpt2": "124,439,808 parameters (nanoGPT's GPT-2 small), 6 N FLOPs per token, 1,024-token sequences; "
             "35% of A100 peak",
+    "llama2-7b": "Llama 2 7B, 6,738,415,616 parameters from its published config (Touvron et al. 2023), one "
+                 "4096-token sequence, 6N + 12LHQT FLOPs per token (PaLM, appendix B); 35% of A100 peak; "
+                 "activations 19.3 GiB per sequence (Korthikanti et al. 2022's count, FlashAttention)",
 }

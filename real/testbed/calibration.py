@@ -13,14 +13,21 @@ Every number the simulator is given is measured here, on this machine, and has a
   bucket as their burst. A run's own all-reduce (``now``) is also timed at its size, in the minute before
   the run (the sweep is cached; a collective the cores pace drifts with the machine's load), each after
   a busy rest, and a collective's closed form passes through their trimmed mean (at_size_time: small gloo
-  all-reduces here are bimodal, and a step time is a mean).
+  all-reduces here are bimodal, and a step time is a mean). A run that all-reduces twice a step
+  (PowerSGD's P and Q rounds) has both timed, and one launch makes the forms' total pass through their
+  timed total; top-k's exchange (an all-gather of k int32 indices, then one of k values) is timed the
+  same way at the run's k (``gathers``) and priced as syncsim's ring all-gather on the ping-pong's α and
+  B with a launch of its own (``allgather_<precision>``).
 - **compute**: ``processes`` local ranks each time the executor's step of the configuration's scheme at
   once, as the configuration's workers do when they share this machine's cores: real.executor's own loop
   (the batch, forward and backward through DDP and its hooks, the optimizer step or the push's and
   pull's tensor work, the trace) with collectives over a group of one rank and a parameter-server client
-  that sends nothing (FreeNetwork), so everything but the communication the link fits price. The
-  ranks meet after each step whose plan all-reduces or averages, as a run's workers leave each
-  collective together and then compute at once. The mean
+  that sends nothing (FreeNetwork), so everything but the communication the link fits price: a
+  compressor's arithmetic (PowerSGD's products and Gram-Schmidt, top-k's selection and scatter-add,
+  DiLoCo's pseudo-gradient and outer step), which the executor runs inside its step, is in the compute
+  time, and the workload leaves syncsim's compressor rates unset. The
+  ranks meet after each step whose plan synchronises (all-reduces, averages, all-gathers or takes an
+  outer step), as a run's workers leave each collective together and then compute at once. The mean
   over ranks and steps is the workload's compute time, its coefficient of variation the cluster's
   jitter, and the backward's share of the step the workload's backward_fraction (when DDP's buckets
   become ready). For a scheme with parameter servers the ranks then time steps that each follow an
@@ -135,7 +142,7 @@ def _refill_idle(config) -> float:
 
 def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
                  message_bytes: float | None = None, hosts: int = 2, now: tuple[tuple[int, str], ...] = (),
-                 precisions: tuple[str, ...] = ("fp32",)) -> dict:
+                 precisions: tuple[str, ...] = ("fp32",), gathers: tuple[tuple[int, str], ...] = ()) -> dict:
     """Probe a testbed of ``hosts`` hosts at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket,
     "fits": fit_links, "now": the timings of ``now``}, the rates fitted around ``message_bytes`` when given
     (see fit_links). The sweep is cached; the fit is made from it each time. It times all-reduces at each
@@ -154,7 +161,14 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     gloo's ring moves 2(p-1) chunks of n/p through each link, and how TCP paces those through a shaper
     and how long the ranks' threads wait for this machine's two cores depend on p (measured at 1 Gbit/s,
     a 407 kB all-reduce took 4-6 ms over two hosts and 6-9 ms over four). The ping-pong always runs
-    between hosts 0 and 1."""
+    between hosts 0 and 1.
+
+    A run with several all-reduces a step (PowerSGD's P and Q rounds) gives them all in ``now``: the
+    launch is then fitted so that the closed forms' total passes through their timed total (fit_links'
+    ``sizes``). ``gathers`` are a run's all-gathers, (values k, precision): top-k's k int32 indices and
+    then its k values at the precision, the two all-gathers real.executor sends a step, timed together
+    as one round like ``now`` (never cached; ``gather_now`` in the result) and fitted as
+    ``allgather_<precision>`` (fit_links' ``gather``)."""
 
     if unknown := set(precisions) - set(WIRE):
         raise ValueError(f"measure_link: precisions must be among {sorted(WIRE)}, got {sorted(unknown)}")
@@ -164,14 +178,20 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
         if not _valid_at(size, precision):
             raise ValueError(f"measure_link: now entry ({size!r}, {precision!r}) must be a precision of "
                              f"{sorted(WIRE)} and a positive whole number of its elements' bytes")
+    gathered = sorted({(int(values), str(precision)) for values, precision in gathers})
+    for values, precision in gathered:
+        if not _valid_gather(values, precision):
+            raise ValueError(f"measure_link: gathers entry ({values!r}, {precision!r}) must be a positive number "
+                             f"of values and a precision of {sorted(WIRE)}")
 
-    def measure(at: list, sweep_sizes: bool = True, tag: str = "", swept: list[str] = swept) -> dict:
+    def measure(at: list, sweep_sizes: bool = True, tag: str = "", swept: list[str] = swept,
+                gather: list = ()) -> dict:
         from real.testbed.launcher import torchrun_on
         from real.testbed.namespaces import Testbed
 
         probe_file = folder / f"probe-{name}{tag}.json"
         argv = ["--probe", str(probe_file), "--repeats", str(repeats), "--at", encode_at(at),
-                "--precisions", ",".join(swept)]
+                "--precisions", ",".join(swept)] + (["--gather", encode_at(gather)] if gather else [])
         with Testbed(hosts=hosts, bandwidth=bandwidth, prefix=prefix) as bed:
             argv += ["--idle", str(_refill_idle(bed.config))] + ([] if sweep_sizes else ["--no-sweep"])
             codes = torchrun_on(bed, "real.testbed.calibration", argv, folder / "logs", timeout=900, agent=False)
@@ -188,9 +208,14 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     if set(swept) - set(had):  # a precision asked for now was not swept: sweep it and those the cache had
         measured = measure([], swept=sorted(set(swept) | set(had), key=list(WIRE).index))
         write_atomic(path, json.dumps(measured, indent=1))
-    timed_now = measure(fresh, sweep_sizes=False, tag="-now")["probe"]["at_size"] if fresh else []
-    probe = measured["probe"] | {"at_size": timed_now}
-    return measured | {"fits": fit_links(probe, measured["burst"], message_bytes), "now": timed_now}
+    timed = measure(fresh, sweep_sizes=False, tag="-now", gather=gathered)["probe"] if fresh or gathered else {}
+    timed_now, gather_now = timed.get("at_size", []), timed.get("at_gather", [])
+    probe = measured["probe"] | {"at_size": timed_now, "at_gather": gather_now}
+    # every all-reduce the run sends a step, when it sends several (PowerSGD's two rounds)
+    sizes = tuple(size for size, _ in fresh) if len(fresh) > 1 else ()
+    fits = fit_links(probe, measured["burst"], message_bytes, sizes=sizes,
+                     gather=gathered[0][0] if gathered else None)
+    return measured | {"fits": fits, "now": timed_now, "gather_now": gather_now}
 
 
 def encode_at(at) -> str:
@@ -200,6 +225,33 @@ def encode_at(at) -> str:
 
 def _valid_at(size: int, precision: str) -> bool:
     return precision in WIRE and size >= 1 and size == wire_bytes(size, precision)
+
+
+def _valid_gather(values: int, precision: str) -> bool:
+    return precision in WIRE and 1 <= values <= 2**31 - 1  # int32 indices
+
+
+def gather_bytes(values: int, precision: str) -> int:
+    """Bytes one rank contributes to a top-k exchange of ``values`` entries: as many int32 indices
+    (syncsim.schemes.actions.INDEX_BYTES) and values at ``precision`` (SparseAllGather.nbytes)."""
+    import torch
+
+    from syncsim.schemes.actions import INDEX_BYTES
+
+    return int(values) * (INDEX_BYTES + getattr(torch, WIRE[precision]).itemsize)
+
+
+def parse_gather(text: str) -> list[tuple[int, str]]:
+    """``--gather``'s entries, VALUES:PRECISION; ValueError naming the option and the entry when one is
+    malformed."""
+    entries = []
+    for item in filter(None, text.split(",")):
+        values, _, precision = item.partition(":")
+        if not re.fullmatch(r"[0-9]{1,10}", values) or not _valid_gather(int(values), precision):
+            raise ValueError(f"--gather: each entry must be VALUES:PRECISION with PRECISION one of {sorted(WIRE)} "
+                             f"and VALUES a positive number of int32-indexed values, got {item!r}")
+        entries.append((int(values), precision))
+    return entries
 
 
 def parse_at(text: str) -> list[tuple[int, str]]:
@@ -214,7 +266,8 @@ def parse_at(text: str) -> list[tuple[int, str]]:
     return entries
 
 
-def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> dict:
+def fit_links(probe: dict, burst: float, message_bytes: float | None = None, sizes: tuple[float, ...] = (),
+              gather: int | None = None) -> dict:
     """α, B (and the bucket they imply) of the probe's ping-pong and all-reduces on a token-bucket link.
 
     Every timed message met a full bucket of ``burst`` bytes, so a message of n bytes takes
@@ -246,6 +299,23 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
     costs about the same 6-9 ms whatever its size (its ranks' threads wait for two cores), and its time
     rises by the link's rate only beyond: no single α and B fit every size, and the run's own size is the
     one that matters. The probe's all-reduces run over the run's own number of hosts (measure_link).
+
+    ``sizes``: every all-reduce a run sends a step when it sends more than one (PowerSGD's P round, with
+    the uncompressed values, and its Q round), each timed at its size (the probe's ``at_size``). The
+    simulator prices them all with one launch, so L is the mean of what each closed form leaves of its
+    timed mean: the forms' total passes through the timed total, a step's communication; ``launch_from``
+    reads "run's sizes, timed". Without all of them timed, L is fitted at ``message_bytes`` as above.
+    Where the ping-pong's α leaves a negative launch (a collective's messages within the bucket cost only
+    their hops and launch, and the ping-pong's small messages can take longer one way than such a whole
+    all-reduce), the collective's α is the one its timed time implies, with no launch (_through), so the
+    forms pass through the timed times whatever the messages' sizes.
+
+    ``gather``: a run's top-k k, whose all-gathers the probe timed (``at_gather``: k int32 indices, then
+    k values at the precision, one round, as real.executor sends them): ``allgather_<precision>`` is the
+    ring all-gather's closed form (syncsim.collectives.allgather_time: L + (p-1)·α + max(0, (p-1)·n -
+    burst)/B, n = gather_bytes per rank) on the ping-pong's α and B (an all-gather passes each piece on
+    as it came, with no reduction: the same point-to-point hops), and L what that form leaves of the
+    round's timed mean. An all-reduce's launch would not do: it is another collective (and here two).
     """
     import numpy as np
 
@@ -297,13 +367,48 @@ def fit_links(probe: dict, burst: float, message_bytes: float | None = None) -> 
             launch = at_size - messages * alpha - wire / bandwidth
             if launch < 0 and wire > 0 and at_size > messages * alpha:
                 bandwidth, launch = wire / (at_size - messages * alpha), 0.0
-            launch = max(launch, 0.0)
+            alpha, launch = _through(at_size, messages, wire / bandwidth, 1, alpha)
             launch_from = "run's size, timed" if timed else "run's size"
+        each = [(size, times) for size in sizes for at, precision, times in probe.get("at_size", [])
+                if name == f"allreduce_{precision}" and at == wire_bytes(size, precision)]
+        if name != "pingpong" and sizes and len(each) == len(sizes):
+            # several all-reduces a step: one launch, with which the forms' total passes through the timed total
+            alpha, launch = _through(sum(at_size_time(times) for _, times in each), messages * len(each),
+                                     sum(max(0.0, scale * size - burst) for size, _ in each) / bandwidth, len(each),
+                                     fits["pingpong"]["alpha"])
+            launch_from = "run's sizes, timed"
         fits[name] = {"alpha": alpha, "launch": launch, "launch_from": launch_from, "bandwidth": bandwidth,
                       "r2": r2, "burst_fitted": (launch + messages * alpha - intercept) * bandwidth,
                       "relative_residuals": residuals, "rate_sizes": n[large].tolist(),
                       "alpha_sizes": n[small].tolist(), "ranks": p}
+    for values, precision, times in probe.get("at_gather", []):
+        if gather is None or values != gather:
+            continue
+        point = fits["pingpong"]
+        sent = (p - 1) * gather_bytes(values, precision)  # what each rank's link carries in the ring
+        at = at_size_time(times)
+        alpha, launch = _through(at, p - 1, max(0.0, sent - burst) / point["bandwidth"], 1, point["alpha"])
+        fits[f"allgather_{precision}"] = {"alpha": alpha, "bandwidth": point["bandwidth"], "launch": launch,
+                                          "launch_from": "run's size, timed", "values": values, "at_size": at,
+                                          "ranks": p}
     return fits
+
+
+def _through(timed: float, hops: int, wire: float, collectives: int, alpha: float) -> tuple[float, float]:
+    """(α, L) with which ``collectives`` closed forms of ``hops`` hop latencies α and ``wire`` seconds on the
+    link in all (their bytes beyond the bucket at the fitted rate), each with the launch L, take ``timed``
+    seconds together: L = (timed - hops·α - wire) / collectives with the ping-pong's ``alpha``. Where that
+    leaves less than nothing, the ping-pong's α contradicts the collectives' own time (messages within a
+    bucket cost only their hops and launch, and the ping-pong's small messages, each after its ranks
+    slept, can take longer one way than a whole 4 kB all-reduce: at 200 Mbit/s here a median 1.2 ms
+    against 0.5 ms), and the hops' α is the one that time implies, with no launch; the form passes
+    through the timed time either way. Nothing left for the hops either: the ping-pong's α, no launch."""
+    launch = (timed - hops * alpha - wire) / collectives
+    if launch >= 0:
+        return alpha, launch
+    if timed > wire and hops:
+        return (timed - wire) / hops, 0.0
+    return alpha, 0.0
 
 
 def measure_sharing(bandwidth: str, folder: Path, link: dict, burst: float, message_bytes: float,
@@ -529,10 +634,12 @@ def _busy(seconds: float) -> None:
 
 
 def _probe_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], sweep_sizes: bool = True,
-                precisions: tuple[str, ...] = tuple(WIRE)) -> None:
+                precisions: tuple[str, ...] = tuple(WIRE), gather: list[tuple[int, str]] = ()) -> None:
     """Ping-pong (ranks 0 and 1, fp32) and all-reduce (every rank, at each of ``precisions``) over SWEEP,
-    then the all-reduces of ``at`` ((bytes, precision): the runs' own sizes) at_repeats times each, each
-    after ``idle`` seconds of _busy; ``sweep_sizes`` False times only ``at``."""
+    then the all-reduces of ``at`` ((bytes, precision): the runs' own sizes) and the top-k exchanges of
+    ``gather`` ((values k, precision): an all-gather of k int32 indices, then one of k values, as
+    real.executor sends them) at_repeats times each, in turns, each after ``idle`` seconds of _busy;
+    ``sweep_sizes`` False times only those."""
     import torch
     import torch.distributed as dist
 
@@ -565,13 +672,28 @@ def _probe_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], 
         result["allreduce"] = result["allreduce_fp32"]
     bufs = [torch.zeros(size // getattr(torch, WIRE[precision]).itemsize, dtype=getattr(torch, WIRE[precision]))
             for size, precision in at]
+    world = dist.get_world_size()
+    exchanges = []  # top-k's: its indices and values, and the lists every rank's are gathered into
+    for values, precision in gather:
+        dtype = getattr(torch, WIRE[precision])
+        index, value = torch.zeros(values, dtype=torch.int32), torch.zeros(values, dtype=dtype)
+        exchanges.append((index, value, [torch.empty_like(index) for _ in range(world)],
+                          [torch.empty_like(value) for _ in range(world)]))
+
+    def exchange(j: int) -> None:
+        index, value, indices, every = exchanges[j]
+        dist.all_gather(indices, index)
+        dist.all_gather(every, value)
 
     def at_once(k: int) -> float:
-        return _timed_once(lambda: dist.all_reduce(bufs[k]), idle, from_last=True, rest=_busy)
+        action = (lambda: dist.all_reduce(bufs[k])) if k < len(at) else (lambda: exchange(k - len(at)))
+        return _timed_once(action, idle, from_last=True, rest=_busy)
 
     # one round of each sets how many it gets (at_repeats): the ranks agree, as every round's time is their max
-    times = interleaved([at_repeats(at_once(k)) for k in range(len(at))], at_once)
+    items = len(at) + len(exchanges)
+    times = interleaved([at_repeats(at_once(k)) for k in range(items)], at_once)
     result["at_size"] = [[size, precision, t] for (size, precision), t in zip(at, times)]
+    result["at_gather"] = [[values, precision, t] for (values, precision), t in zip(gather, times[len(at):])]
     if rank == 0:
         write_atomic(out, json.dumps(result))
     dist.destroy_process_group()
@@ -675,11 +797,17 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
 
     The executor runs its own loop (real.executor.Executor.run_step): the batch, the forward and
     backward (through DDP and the executor's byte-counting hook where the plan all-reduces), the
-    optimizer step or the push's and pull's tensor work, its trace records. Its collectives run over a
-    process group of this rank alone and its parameter-server client is FreeNetwork, so what is
-    timed is the step without its communication, which the link fits price.
+    optimizer step or the push's and pull's tensor work, its trace records; for PowerSGD, top-k and
+    DiLoCo also the compressor's arithmetic (syncsim.compression: error feedback, P = ΔQ, Gram-Schmidt,
+    Q = ΔᵀP̂, P̂Qᵀ; the top-k selection and scatter-add) and the outer optimiser's step, which the executor
+    runs inside its step between its collectives. Its collectives run over a process group of this rank
+    alone and its parameter-server client is FreeNetwork, so what is timed is the step without its
+    communication, which the link fits price, and with everything else: a workload calibrated from
+    it leaves syncsim's compressor rates (Workload.compress_flops, scan_rate) unset, or that work
+    would be counted twice.
 
-    After a step whose plan ends in a collective (an all-reduce, a model average) the ranks meet at a
+    After a step whose plan ends in a collective (an all-reduce, a model average, PowerSGD's two rounds,
+    top-k's all-gather, DiLoCo's outer step) the ranks meet at a
     barrier, untimed, as a run's workers leave each collective together and compute at once: the cores
     are then shared as in the run. Ranks that never met were a poor stand-in for all-reducing workers
     of the small model: four of them computing back to back on two cores took 1.3-2.2 ms a step with a
@@ -697,8 +825,16 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     from real.hooks import WIRE_DTYPES
     from real.models import build, param_layers
     from real.trace import Recorder
-    from syncsim.schemes.actions import AllReduceGradients, AverageParameters
+    from syncsim.schemes.actions import (
+        AllReduceGradients,
+        AverageParameters,
+        LowRankAllReduce,
+        OuterStep,
+        SparseAllGather,
+    )
 
+    # the actions after which a run's workers leave a collective together: every synchronising one
+    meeting = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep)
     pushes = needs_servers(scheme)
     cfg = RunConfig(scheme=scheme, world=1, servers=int(pushes), model=model_name, batch_size=batch_size,
                     steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS + len(IDLE_GAPS) * IDLE_STEPS, out=folder,
@@ -727,8 +863,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
             steps.append(elapsed)
             forward.append(executor.forward_time)  # what real.executor times to size a --slow rank's extra wait
             backward.append(executor.backward_time)
-        if not alone and any(isinstance(action, (AllReduceGradients, AverageParameters))
-                             for action in executor.policy.plan(step, cfg.steps)):
+        if not alone and any(isinstance(action, meeting) for action in executor.policy.plan(step, cfg.steps)):
             # the workers leave the step's collective together (untimed); they stop together, once every
             # rank has timed enough, or the others would wait at this meeting for a rank that left
             every_rank_done = torch.tensor([float(enough(step + 1))])
@@ -823,7 +958,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=number, default=0.0, help="seconds each link rests before a timed transfer")
     ap.add_argument("--at", default="", help="the link probe also times these all-reduces, BYTES:PRECISION,... "
                                              "(the runs' own sizes)")
-    ap.add_argument("--no-sweep", action="store_true", help="the link probe times only --at")
+    ap.add_argument("--gather", default="", help="the link probe also times these top-k exchanges, VALUES:PRECISION,"
+                                                 "... (an all-gather of VALUES int32 indices, then of VALUES values)")
+    ap.add_argument("--no-sweep", action="store_true", help="the link probe times only --at and --gather")
     ap.add_argument("--precisions", default=",".join(WIRE),
                     help="the link probe's sweep times all-reduces at these wire precisions (fp32 always)")
     ap.add_argument("--model", default="lenet", choices=MODELS)
@@ -850,13 +987,15 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= args.idle <= 60:
             raise ValueError(f"--idle must be between 0 and 60 seconds, got {args.idle:g}")
         at = parse_at(args.at)
+        gather = parse_gather(args.gather)
         precisions = tuple(dict.fromkeys(["fp32", *filter(None, args.precisions.split(","))]))
         if unknown := [p for p in precisions if p not in WIRE]:
             raise ValueError(f"--precisions: each must be one of {sorted(WIRE)}, got {unknown[0]!r}")
     except ValueError as err:
         ap.error(str(err))
     if args.probe is not None:
-        _probe_rank(args.probe, args.repeats, args.idle, at, sweep_sizes=not args.no_sweep, precisions=precisions)
+        _probe_rank(args.probe, args.repeats, args.idle, at, sweep_sizes=not args.no_sweep, precisions=precisions,
+                    gather=gather)
     elif args.sharing is not None:
         _sharing_rank(args.sharing, args.size, args.repeats, args.idle, args.lone)
     else:

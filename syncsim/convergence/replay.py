@@ -36,6 +36,17 @@ replays the same way (real/replay.py: its torch model and data order as a
   parameters are the authoritative ones: with several fragments the
   replicas agree only on the fragment just synchronised.
 
+- ``ReduceScatterGradients``: every worker's gradient crosses the wire (as an
+  all-reduce's does, loss-scaled at fp16) and each worker keeps the mean of
+  its own shard (``fragment_bounds(dim, W)``, worker w the w-th);
+- ``ShardedOptimizerStep``: each worker steps its own shard of the master
+  parameters with its shard of the mean gradient and its shard of the
+  optimiser's state: one new version, the shards together;
+- ``AllGatherParameters``: the worker's replica becomes every shard as it
+  crosses the wire, as the shards are after every worker's optimiser step
+  before it (a gather that comes after the worker's own shard step of the
+  step waits for the last worker's).
+
 ``LocalUpdate(optimizer="adamw")`` steps the worker's replica with its own
 AdamW state (torch.optim.AdamW with the replay's lr and torch's defaults).
 
@@ -73,6 +84,7 @@ from syncsim.convergence.scaler import LossScaling
 from syncsim.convergence.wire import Wire
 from syncsim.result import SimResult
 from syncsim.schemes import (
+    AllGatherParameters,
     AllReduceGradients,
     AverageParameters,
     Compute,
@@ -81,6 +93,8 @@ from syncsim.schemes import (
     OuterStep,
     Pull,
     Push,
+    ReduceScatterGradients,
+    ShardedOptimizerStep,
     SparseAllGather,
     WaitForClock,
 )
@@ -94,7 +108,9 @@ __all__ = ["Replayer", "replay", "DEFAULT_EVALUATIONS"]
 # held-out evaluation stays a small share of the replay's cost.
 DEFAULT_EVALUATIONS = 200
 
-SERVER, REPLICAS, OUTER = "server", "replicas", "outer"
+SERVER, REPLICAS, OUTER, SHARDS = "server", "replicas", "outer", "shards"
+# The collectives a sharded step joins: its reduce-scatter, then its workers' shard steps.
+_SCATTER, _SHARD_STEP = "reduce-scatter", "shard step"
 
 
 class Replayer:
@@ -154,12 +170,20 @@ class Replayer:
         self.reduced: np.ndarray | None = None   # the last gradient every replica applied (compressed actions)
         self.outer = x0.copy()                  # DiLoCo: every fragment's value at its last outer step
         self.outer_velocity = np.zeros_like(x0)  # its Nesterov buffer (fragments are disjoint: per-fragment state)
+        # Sharded data parallelism: the master parameters, worker w owning shard w (with its optimiser state),
+        # the mean gradient each keeps of its shard, and the workers whose gathers wait for this step's shard steps.
+        self.master = x0.copy()
+        self.master_velocity = np.zeros_like(x0)
+        self.scattered: np.ndarray | None = None
+        self._gather_after: list[int] = []
         self._joins: dict[object, list[int]] = {}   # workers joined so far, per collective
         self._round: list[tuple[np.ndarray, bool]] = []
         self._handlers: dict[type, Callable] = {
             Compute: self._compute, AllReduceGradients: self._allreduce, LocalUpdate: self._local_update,
             AverageParameters: self._average, Push: self._push, WaitForClock: self._wait, Pull: self._pull,
             LowRankAllReduce: self._low_rank, SparseAllGather: self._sparse, OuterStep: self._outer,
+            ReduceScatterGradients: self._reduce_scatter, ShardedOptimizerStep: self._shard_step,
+            AllGatherParameters: self._gather,
         }
         self.on_version: Callable | None = None
         self.on_compute: Callable | None = None
@@ -177,7 +201,7 @@ class Replayer:
                 if self._stop:
                     return self
         joined = max((len(j) for j in self._joins.values()), default=0)
-        if joined or self._round:
+        if joined or self._round or self._gather_after:
             raise RuntimeError(f"the updates table ends inside a collective: {joined + len(self._round)}"
                                f" of {self.workers} workers joined")
         return self
@@ -189,6 +213,8 @@ class Replayer:
         # DiLoCo's outer parameters are the global model (with fragments, replicas agree only on the last synced).
         if self.home == SERVER:
             return self.server
+        if self.home == SHARDS:
+            return self.master
         return self.outer if self.home == OUTER else self.replicas[0]
 
     def _new_version(self, version_applied: int, time: float, home: str) -> None:
@@ -358,6 +384,48 @@ class Replayer:
             Nesterov(action.lr, action.momentum).step(outer, self.outer_velocity[start:stop], pseudo)
             self.replicas[:, start:stop] = outer
         self._new_version(a, time, OUTER)
+
+    def _reduce_scatter(self, w, t, r, a, time, action) -> None:
+        if not self._join(w, _SCATTER):
+            return
+        # the mean of every worker's gradient, as an all-reduce makes it (wire rounding, loss scaling); each
+        # worker keeps its shard of it (its row's slice, unscaled by its own scale)
+        scaled = np.stack(self.gradients)
+        scales = np.array([self._scale(v) for v in range(self.workers)])
+        if self.scaler is not None:
+            scaled *= scales[:, None]
+        reduced = self.wire.mean(scaled)
+        if self.scaler is None:
+            self.scattered = np.broadcast_to(reduced, scaled.shape)
+            return
+        found_inf = not np.isfinite(reduced).all()
+        for v in range(self.workers):
+            self.scaler.update(v, found_inf)
+        self.scattered = None if found_inf else reduced[None, :] / scales[:, None]
+
+    def _shard_step(self, w, t, r, a, time, action) -> None:
+        if not self._join(w, _SHARD_STEP):
+            return
+        if self.scattered is None:  # an overflow: every worker skips its shard's step, as all-reduce's replicas do
+            self.skipped += 1
+        else:
+            for v, (start, stop) in enumerate(fragment_bounds(self.problem.dim, self.workers)):
+                self.optimizer.step(self.master[start:stop], self.master_velocity[start:stop],
+                                    self.scattered[v, start:stop])
+        self.scattered = None
+        waiting, self._gather_after = self._gather_after, []
+        for v in waiting:
+            self.replicas[v] = self.wire.send(self.master)
+        self._new_version(a, time, SHARDS)
+
+    def _gather(self, w, t, r, a, time, action) -> None:
+        # A gather after the worker's own shard step of this step (ZeRO-1/2's) receives every worker's updated
+        # shard: it waits for the last shard step. One before it (before forward or backward) reads the shards
+        # as they are, every shard step before it done.
+        if w in self._joins.get(_SHARD_STEP, ()):
+            self._gather_after.append(w)
+        else:
+            self.replicas[w] = self.wire.send(self.master)
 
     def _wait(self, w, t, r, a, time, action) -> None:
         return None

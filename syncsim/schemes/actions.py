@@ -68,6 +68,36 @@ Semantics every executor honours:
   version. With lr 1 and no momentum it is parameter averaging of the
   fragments.
 
+- ``ReduceScatterGradients``: sharded data parallelism's gradient reduction
+  (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
+  Trillion Parameter Models", section 5; Zhao et al. 2023, "PyTorch FSDP"):
+  bucket by bucket in the listed order, as backward produces them, every
+  worker contributes its whole gradient of the bucket and receives the mean
+  over the W workers of its own 1/W shard of it, and only that shard. No new
+  version by itself: the shards are applied by ``ShardedOptimizerStep``.
+- ``ShardedOptimizerStep``: each worker applies the optimiser to its own 1/W
+  shard of the parameters (contiguous, equal slices of the flat parameters,
+  worker w the w-th), with its shard of the mean gradient and its shard of
+  the optimiser's state, which lives nowhere else. The shards together are
+  the new authoritative parameters: one new version. Every worker steps the
+  same values with the same arithmetic an all-reduce step would: sharding
+  changes where state lives, not the update.
+- ``AllGatherParameters``: every worker contributes its 1/W shard of each
+  listed unit's parameters (at the wire precision) and receives the others,
+  so that it holds the unit whole: the parameters it then computes on. When
+  it runs is its ``phase``: "forward", each unit before its forward
+  (ZeRO-3, FSDP); "backward", each unit again before its backward, in
+  reverse order, after resharding freed it (ZeRO-3, FSDP with
+  reshard_after_forward); "step", after the optimiser step, so every worker
+  holds all the updated parameters for the next step (ZeRO-1 and -2).
+  ``needed`` gives, per unit, the fraction of the step's compute at which
+  its parameters are needed: compute cannot pass it until the gather is
+  done. ``prefetch``: each gather is issued when the previous unit's
+  compute begins (one unit ahead: FSDP's forward_prefetch and
+  BACKWARD_PRE), not when its own is needed. A worker's gather reads every
+  shard as it is after every worker's ``ShardedOptimizerStep`` of the steps
+  before it.
+
 ``LocalUpdate.optimizer`` names the worker's own optimiser: "sgd" (SGD with
 the run's learning rate and momentum) or "adamw" (DiLoCo's inner optimiser,
 torch.optim.AdamW with the run's learning rate and torch's defaults).
@@ -80,7 +110,8 @@ from dataclasses import dataclass
 __all__ = [
     "Action", "Compute", "AllReduceGradients", "LocalUpdate", "AverageParameters",
     "Push", "WaitForClock", "Pull", "LowRankAllReduce", "SparseAllGather", "OuterStep", "SERVER_ACTIONS",
-    "INDEX_BYTES", "LOCAL_OPTIMIZERS",
+    "INDEX_BYTES", "LOCAL_OPTIMIZERS", "ReduceScatterGradients", "ShardedOptimizerStep", "AllGatherParameters",
+    "GATHER_PHASES", "SHARDED_ACTIONS",
 ]
 
 # Bytes of one index of a sparse gradient on the wire: int32, enough for 2^31 values per tensor.
@@ -230,6 +261,68 @@ class OuterStep(Action):
         """The fragments' pseudo-gradients at the wire precision: one all-reduce."""
         return float(self.values * self.value_bytes)
 
+
+@dataclass(frozen=True)
+class ReduceScatterGradients(Action):
+    buckets: tuple[float, ...]
+    """Wire bytes of each bucket's whole gradient, in the order buckets become ready during backward; each
+    worker sends (W - 1)/W of each and keeps the mean of its 1/W shard."""
+    ready: tuple[float, ...]
+    """Fraction of the step's compute after which each bucket is ready (1.0 = at the end)."""
+    kind = "reducescatter"
+
+    @property
+    def nbytes(self) -> float:
+        return float(sum(self.buckets))
+
+
+@dataclass(frozen=True)
+class ShardedOptimizerStep(Action):
+    kind = "optimizer"
+
+
+GATHER_PHASES = ("forward", "backward", "step")
+
+
+@dataclass(frozen=True)
+class AllGatherParameters(Action):
+    units: tuple[float, ...]
+    """Wire bytes of each unit's whole parameters, in the order they are gathered; each worker holds 1/W of
+    each and receives the rest, (W - 1)/W of it."""
+    needed: tuple[float, ...]
+    """Fraction of the step's compute at which each unit's parameters are needed: the start of its forward
+    or backward; 1.0 for a gather after the compute (phase "step"), which holds no compute back."""
+    phase: str
+    """"forward", "backward" or "step" (GATHER_PHASES): before each unit's forward, before each unit's
+    backward (reverse order), or after the optimiser step."""
+    prefetch: bool = False
+    """Issue each gather when the previous unit's compute begins, one unit ahead of its need."""
+    kind = "allgather"
+
+    def __post_init__(self) -> None:
+        if self.phase not in GATHER_PHASES:
+            raise ValueError(f"AllGatherParameters.phase must be one of {GATHER_PHASES}, got {self.phase!r}")
+        if len(self.needed) != len(self.units):
+            raise ValueError(f"AllGatherParameters: {len(self.units)} units but {len(self.needed)} needed times")
+
+    @property
+    def nbytes(self) -> float:
+        """The gathered bytes: what every worker holds once it is done (its own shard included)."""
+        return float(sum(self.units))
+
+    def issued(self) -> tuple[tuple[float, bool], ...]:
+        """When each gather is issued, as (fraction of the compute, whether compute must first be allowed past
+        that fraction): without prefetch on reaching its own ``needed``; with prefetch once the previous unit's
+        compute has begun, i.e. past the previous unit's ``needed`` (the first unit's own need)."""
+        if not self.prefetch:
+            return tuple((need, False) for need in self.needed)
+        return tuple((self.needed[0], False) if i == 0 else (self.needed[i - 1], True)
+                     for i in range(len(self.needed)))
+
+
+# The actions of sharded data parallelism: the simulator schedules a step's sharded actions together with
+# its compute (syncsim.communicator.Communicator.join_schedule).
+SHARDED_ACTIONS = (ReduceScatterGradients, ShardedOptimizerStep, AllGatherParameters)
 
 # The actions that talk to parameter servers: a plan with any of them needs server hosts (the
 # simulator's ServerGroup, the executor's client and server ranks).

@@ -20,7 +20,7 @@ from syncsim.collectives import ALGORITHMS
 from syncsim.config import check_bool, check_choice, check_float, check_int
 from syncsim.limits import MAX_BUCKETS
 from syncsim.schemes.actions import AllReduceGradients, Compute, LowRankAllReduce
-from syncsim.schemes.policy import Policy
+from syncsim.schemes.policy import Policy, StateLayout
 from syncsim.schemes.spec import Scheme, register
 from syncsim.units import parse_size
 
@@ -68,11 +68,13 @@ class AllReduce(Scheme):
 
     def policy(self, param_bytes: float, layers: Sequence[float] | None = None,
                backward_fraction: float = 2 / 3, shapes: Sequence[Sequence[int]] | None = None) -> Policy:
+        layout = StateLayout()
         if self.compression == "powersgd":
             action = self.low_rank(param_bytes, layers, shapes)
+            layout = StateLayout(extra_bytes=4.0)  # each worker's error-feedback residual (P and Q are small)
         else:
             action = self.action(param_bytes, layers, backward_fraction)
-        return Policy.constant(self, param_bytes, layers, (Compute(), action))
+        return Policy.constant(self, param_bytes, layers, (Compute(), action), layout)
 
     def low_rank(self, param_bytes: float, layers: Sequence[float] | None,
                  shapes: Sequence[Sequence[int]] | None) -> LowRankAllReduce:

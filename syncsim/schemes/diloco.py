@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from syncsim.collectives import ALGORITHMS
 from syncsim.config import check_choice, check_float, check_int
 from syncsim.schemes.actions import LOCAL_OPTIMIZERS, Compute, LocalUpdate, OuterStep
-from syncsim.schemes.policy import Policy, layer_tuple
+from syncsim.schemes.policy import Policy, StateLayout, layer_tuple
 from syncsim.schemes.spec import Scheme, register
 
 __all__ = ["DiLoCo", "fragment_bounds"]
@@ -96,7 +96,9 @@ class DiLoCo(Scheme):
             gap = self.period // self.fragments
             return (0, *(gap * (f + 1) - 1 for f in range(self.fragments)), steps - 1)
 
-        return Policy(self, param_bytes, layer_tuple(param_bytes, layers), planner, distinct)
+        # each worker keeps every fragment's last outer value and, with momentum, its Nesterov buffer (fp32)
+        layout = StateLayout(extra_bytes=8.0 if self.outer_momentum else 4.0)
+        return Policy(self, param_bytes, layer_tuple(param_bytes, layers), planner, distinct, layout)
 
 
 def fragment_bounds(values: int, fragments: int) -> tuple[tuple[int, int], ...]:

@@ -12,7 +12,36 @@ from dataclasses import dataclass, field
 
 from syncsim.schemes.actions import SERVER_ACTIONS, Action
 
-__all__ = ["Policy"]
+__all__ = ["Policy", "StateLayout", "REPLICATED", "SHARDED", "ON_SERVERS"]
+
+REPLICATED, SHARDED, ON_SERVERS = "replicated", "sharded", "servers"
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """Where one worker's training state lives: what ``syncsim.memory`` counts, read off the policy, never
+    off the scheme's type.
+
+    ``value_bytes`` is the working precision of the parameters and gradients a worker computes with; the
+    optimiser's state (and an fp32 master copy when that precision is 16-bit) is counted by syncsim.memory.
+    ``parameters``, ``gradients`` and ``optimizer`` are each REPLICATED (every worker holds all of it),
+    SHARDED (each worker holds 1/W) or, for the optimiser, ON_SERVERS (none on the workers). ``extra_bytes``
+    is further per-worker state per parameter (an error-feedback residual, DiLoCo's outer copy);
+    ``transient`` the bytes of the buffers a step holds at its peak besides that state (parameters gathered
+    for the units being computed, gradients awaiting their reduce-scatter)."""
+
+    value_bytes: int = 4
+    parameters: str = REPLICATED
+    gradients: str = REPLICATED
+    optimizer: str = REPLICATED
+    extra_bytes: float = 0.0
+    transient: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("parameters", (REPLICATED, SHARDED)), ("gradients", (REPLICATED, SHARDED)),
+                              ("optimizer", (REPLICATED, SHARDED, ON_SERVERS))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"StateLayout.{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -31,12 +60,15 @@ class Policy:
     layers: tuple[float, ...] | None
     _planner: Callable[[int, int], tuple[Action, ...]] = field(repr=False)
     _distinct: Callable[[int], Iterable[int]] | None = field(default=None, repr=False)
+    layout: StateLayout = field(default=StateLayout())
+    """Where the worker's training state lives (syncsim.memory)."""
 
     @classmethod
     def constant(cls, scheme: object, param_bytes: float, layers: Sequence[float] | None,
-                 plan: tuple[Action, ...]) -> Policy:
+                 plan: tuple[Action, ...], layout: StateLayout = StateLayout()) -> Policy:
         """The same plan every step."""
-        return cls(scheme, param_bytes, layer_tuple(param_bytes, layers), lambda step, steps: plan, lambda steps: (0,))
+        return cls(scheme, param_bytes, layer_tuple(param_bytes, layers), lambda step, steps: plan, lambda steps: (0,),
+                   layout)
 
     def plan(self, step: int, steps: int) -> tuple[Action, ...]:
         if not 0 <= step < steps:

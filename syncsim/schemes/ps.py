@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from syncsim.config import check_choice, check_int
 from syncsim.schemes.actions import Compute, Pull, Push, WaitForClock
-from syncsim.schemes.policy import Policy
+from syncsim.schemes.policy import ON_SERVERS, Policy, StateLayout
 from syncsim.schemes.spec import Scheme, register
 
 __all__ = ["ParameterServer", "MODES"]
@@ -66,4 +66,5 @@ class ParameterServer(Scheme):
         if self.slack is not None:
             actions.append(WaitForClock(slack=self.slack))
         actions.append(Pull(nbytes=wire))
-        return Policy.constant(self, param_bytes, layers, tuple(actions))
+        # the servers hold the optimiser's state and apply the gradients; a worker its replica and gradient
+        return Policy.constant(self, param_bytes, layers, tuple(actions), StateLayout(optimizer=ON_SERVERS))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from syncsim.config import check_float
 from syncsim.schemes.actions import Compute, SparseAllGather
-from syncsim.schemes.policy import Policy
+from syncsim.schemes.policy import Policy, StateLayout
 from syncsim.schemes.spec import Scheme, register
 
 __all__ = ["TopK", "top_k"]
@@ -49,4 +49,5 @@ class TopK(Scheme):
                backward_fraction: float = 2 / 3, shapes: Sequence[Sequence[int]] | None = None) -> Policy:
         values = max(1, int(round(param_bytes / 4)))
         action = SparseAllGather(values=self.k(values), size=values, value_bytes=self.value_bytes, ratio=self.ratio)
-        return Policy.constant(self, param_bytes, layers, (Compute(), action))
+        # each worker keeps its error-feedback residual, one fp32 value per parameter
+        return Policy.constant(self, param_bytes, layers, (Compute(), action), StateLayout(extra_bytes=4.0))

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from real.models import build
+from real.models import build, param_layers
 from real.testbed.calibration import (
     AT_MAX_REPEATS,
     AT_REPEATS,
@@ -34,9 +34,11 @@ from syncsim import Cluster, Link, Workload, simulate
 from syncsim.metrics import step_time_spread
 from syncsim.schemes import parse
 
-# What a compute probe reports (real.testbed.calibration.measure_compute), for calibrations with faked probes.
+# What a compute probe of the small model reports (real.testbed.calibration.measure_compute: its layers are the
+# model's own, whose tensors' shapes the calibration gives the workload), for calibrations with faked probes.
 FAKE_COMPUTE = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
-                "layers": [1000, 2000], "idle_cost": [[2e-3, 1e-4], [8e-3, 4e-4], [30e-3, 5e-4]], "meets": 45}
+                "layers": list(param_layers(build("mlp", 0))), "idle_cost": [[2e-3, 1e-4], [8e-3, 4e-4], [30e-3, 5e-4]],
+                "meets": 45}
 
 
 def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
@@ -44,9 +46,14 @@ def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
     assert len(configs) >= 24 and len({c.key for c in configs}) == len(configs)
     schemes = {c.scheme for c in configs}
     assert {"ps:mode=async", "ps:staleness=2", "localsgd:period=4", "allreduce:precision=fp16"} <= schemes
-    assert {(c.scheme, c.world) for c in configs} == {(s, w) for s in validation.SCHEMES for w in validation.WORLDS}
+    # the compressing schemes' few rows: their own block (two workers, one rate), no straggler rows
+    extra = [c for c in configs if c.scheme in {str(parse(s)) for s in validation.COMPRESSED}]
+    assert {(c.scheme, c.world, c.bandwidth, c.model, c.slow) for c in extra} == {
+        (str(parse(s)), 2, "200Mbit/s", model, 1.0) for s in validation.COMPRESSED for model in validation.MODELS}
+    main = [c for c in configs if c not in extra]
+    assert {(c.scheme, c.world) for c in main} == {(s, w) for s in validation.SCHEMES for w in validation.WORLDS}
     stragglers = [c for c in configs if c.slow > 1]
-    assert {c.scheme for c in stragglers} == schemes and all(c.world >= 2 for c in stragglers)
+    assert {c.scheme for c in stragglers} == set(validation.SCHEMES) and all(c.world >= 2 for c in stragglers)
     # a one-worker run without a server sends nothing: one run, not one per link rate...
     silent = [c for c in configs if c.world == 1 and c.servers == 0 and not c.baseline]
     assert silent and len(silent) == len({(c.scheme, c.model) for c in silent})
@@ -374,8 +381,13 @@ def _fake_study(monkeypatch, fail: set):
         return (result.steady, step_time_spread(result.trace, validation.SPREAD_WINDOWS, steps, config.world), 0,
                 result.trace)
 
+    def loss_figures(folder, steps):  # a simulated run logs no losses: its comparison is a fixed stand-in
+        assert (folder / "trace.csv").exists() and steps == validation.LOSS_STEPS
+        return {"loss_steps": steps, "loss_rel_median": 1e-7, "loss_rel_max": 2e-6}
+
     monkeypatch.setattr(validation, "calibrate", calibrate)
     monkeypatch.setattr(validation, "measure", measure)
+    monkeypatch.setattr(validation, "loss_figures", loss_figures)
     monkeypatch.setattr("real.testbed.unavailable", lambda: None)
     return calls
 
@@ -543,34 +555,42 @@ def test_a_prediction_pools_one_simulation_per_seed():
 def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_the_launch(monkeypatch, tmp_path):
     # A ring's chunks and its ranks' contention for the cores depend on p: the probe has the run's hosts
     # (point-to-point traffic, two), and the fitted launch cost reaches the cluster as collective_latency.
+    # A top-k run's all-gathers are timed at its k and priced by their own fit (the ping-pong's alpha and
+    # rate, their own launch); PowerSGD's two rounds are both timed, and the row records their sum.
     probed = []
     fit = {"alpha": 1e-4, "launch": 3e-3, "bandwidth": 5e6}
+    gather_fit = {"alpha": 1e-4, "launch": 4e-3, "bandwidth": 6e6}
 
     swept = []
 
-    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now, precisions):
-        probed.append((hosts, now))
+    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now, precisions, gathers):
+        probed.append((hosts, now, gathers))
         swept.append(precisions)
-        return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0}, "allreduce_fp32": fit,
-                                          "allreduce_fp16": fit},
-                "now": [[size, precision, [7e-3] * AT_REPEATS] for size, precision in now]}
+        return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0, "bandwidth": 6e6}, "allreduce_fp32": fit,
+                                          "allreduce_fp16": fit} | ({"allgather_fp32": gather_fit} if gathers else {}),
+                "now": [[size, precision, [7e-3] * AT_REPEATS] for size, precision in now],
+                "gather_now": [[values, precision, [9e-3] * AT_REPEATS] for values, precision in gathers]}
 
     monkeypatch.setattr("real.testbed.calibration.measure_link", measure_link)
     monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
     monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
     monkeypatch.setattr("real.testbed.server_probe.measure_server", lambda *a, **k: {"push_wait": [1.0], "pull": [1.0]})
     args = validation.parse_args(["--out", str(tmp_path / "v")])
-    for scheme, world, hosts, launch in (("allreduce", 4, 4, 3e-3), ("localsgd:period=4", 2, 2, 3e-3),
-                                         ("allreduce", 1, 2, 3e-3), ("ps:mode=async", 4, 2, 0.0)):
+    for scheme, world, hosts, launch, at_size in (
+            ("allreduce", 4, 4, 3e-3, 7e-3), ("localsgd:period=4", 2, 2, 3e-3, 7e-3), ("allreduce", 1, 2, 3e-3, None),
+            ("ps:mode=async", 4, 2, 0.0, None), ("diloco:period=4", 2, 2, 3e-3, 7e-3),
+            ("allreduce:compression=powersgd,rank=4", 2, 2, 3e-3, 14e-3), ("topk:ratio=0.01", 4, 4, 4e-3, 9e-3)):
         config = validation.Config(scheme, world, "50Mbit/s", "mlp")
         cluster, _, values = validation.calibrate(config, args)
-        # an all-reducing run's own all-reduce is timed next to it, and the row records that time
-        assert probed[-1] == (hosts, validation.timed_size(config))
+        # an all-reducing run's own all-reduces, or a top-k run's exchange, are timed next to it, and the row
+        # records their time
+        assert probed[-1] == (hosts, validation.timed_size(config), validation.timed_gather(config))
         assert cluster.collective_latency == values["link_launch"] == launch
-        if validation.timed_size(config):
-            assert values["link_at_size"] == pytest.approx(7e-3)
-        else:
+        if at_size is None:
             assert math.isnan(values["link_at_size"])
+        else:
+            assert values["link_at_size"] == pytest.approx(at_size)
+    assert cluster.inter.bandwidth == values["link_bandwidth"] == 6e6  # top-k's: the all-gather fit's rate
     # the link probe sweeps the precisions the grid's schemes send (the default grid: fp32 and fp16)
     assert set(swept) == {("fp16", "fp32")}
 
@@ -931,3 +951,306 @@ def test_a_parameter_server_row_gets_the_server_s_own_time_per_request_from_its_
     assert cluster.server_service == values["server_service"] == pytest.approx(service, rel=1e-9)
     cluster, _, values = validation.calibrate(validation.Config("allreduce", 2, "50Mbit/s", "mlp"), args)
     assert len(asked) == 1 and cluster.server_service == values["server_service"] == 0.0  # no server, no probe
+
+
+# -- the compressing schemes' rows ------------------------------------------------------------------------------
+def test_the_compressing_schemes_list_on_one_command_line_as_three():
+    text = "allreduce:compression=powersgd,rank=4,topk:ratio=0.01,diloco:period=4"
+    assert validation._items("--schemes", text) == tuple(validation.COMPRESSED)
+    args = validation.parse_args(["--schemes", text, "--worlds", "2", "--bandwidths", "200Mbit/s,1Gbit/s",
+                                  "--models", "mlp", "--slow", "1", "--out", "/tmp/unused-validation"])
+    assert {c.scheme for c in args.configs} == {"allreduce", "allreduce:compression=powersgd,rank=4", "topk",
+                                               "diloco:period=4"}
+
+
+def test_the_default_grid_has_the_compressing_rows_and_a_named_grid_runs_what_it_names(tmp_path):
+    out = str(tmp_path / "v")
+    default = validation.parse_args(["--out", out]).configs
+    assert {c.key for c in default} == {c.key for c in validation.grid()}
+    assert sum(c.scheme == "topk" for c in default) == len(validation.MODELS)
+    named = validation.parse_args(["--out", out, "--schemes", "allreduce,ps"]).configs
+    assert {c.scheme for c in named} == {"allreduce", "ps"}
+    # other models, the same default schemes and rates: their compressing rows too
+    assert sum(c.scheme == "topk" for c in validation.parse_args(["--out", out, "--models", "mlp"]).configs) == 1
+
+
+def test_a_run_s_collectives_are_timed_as_the_executor_plans_them_for_the_model_s_tensors():
+    # PowerSGD's P and Q rounds are sized by the model's own matrices (real.models.param_shapes), as the
+    # executor builds its plan: the small model's (128, 784) and (10, 128) weights at rank 4, its biases sent
+    # as they are. Top-k sends k of the n values with an int32 index each; DiLoCo its pseudo-gradient.
+    from syncsim.schemes.topk import top_k
+
+    n = 101_770
+    powersgd = validation.Config("allreduce:compression=powersgd,rank=4", 2, "200Mbit/s", "mlp")
+    p_bytes = 4 * (128 + 10 + 128 * 4 + 10 * 4)  # biases, then P of each matrix (rows x rank)
+    q_bytes = 4 * (784 * 4 + 128 * 4)  # Q of each matrix (cols x rank)
+    assert validation.timed_size(powersgd) == ((p_bytes, "fp32"), (q_bytes, "fp32"))
+    assert validation.timed_gather(powersgd) == () and validation.message_bytes(powersgd) == q_bytes
+    topk = validation.Config("topk:ratio=0.01", 4, "200Mbit/s", "mlp")
+    k = top_k(n, 0.01)
+    assert validation.timed_size(topk) == () and validation.timed_gather(topk) == ((k, "fp32"),)
+    assert validation.message_bytes(topk) == k * (4 + 4)
+    bf16 = validation.Config("topk:ratio=0.1,precision=bf16", 2, "200Mbit/s", "mlp")
+    assert validation.timed_gather(bf16) == ((top_k(n, 0.1), "bf16"),)
+    diloco = validation.Config("diloco:period=4", 2, "200Mbit/s", "mlp")
+    assert validation.timed_size(diloco) == ((4 * n, "fp32"),)
+    streaming = validation.Config("diloco:period=4,fragments=4", 2, "200Mbit/s", "mlp")
+    assert validation.timed_size(streaming) == ((4 * (n // 4), "fp32"),)  # one fragment a period, most often
+    for scheme in validation.COMPRESSED:  # one worker sends nothing
+        assert validation.timed_size(validation.Config(scheme, 1, "200Mbit/s", "mlp")) == ()
+        assert validation.timed_gather(validation.Config(scheme, 1, "200Mbit/s", "mlp")) == ()
+
+
+def test_the_calibrated_workload_has_the_model_s_shapes_and_leaves_the_compressors_to_the_compute_probe(
+        monkeypatch, tmp_path):
+    # The compute probe timed the executor's whole step, compressor included: the workload must not price
+    # that work again (compress_flops, scan_rate unset), and the simulator must send PowerSGD's rounds at
+    # the sizes the run sends them (the model's own shapes).
+    _fake_links(monkeypatch)
+    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, now, gathers, **k: {
+        "burst": 15_000, "fits": {name: {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
+                                  for name in ("pingpong", "allreduce_fp32", "allreduce_fp16", "allgather_fp32")},
+        "now": [[size, precision, [5e-3]] for size, precision in now],
+        "gather_now": [[values, precision, [5e-3]] for values, precision in gathers]})
+    monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
+    args = validation.parse_args(["--out", str(tmp_path / "v")])
+    for scheme in validation.COMPRESSED:
+        config = validation.Config(scheme, 2, "200Mbit/s", "mlp")
+        cluster, workload, _ = validation.calibrate(config, args)
+        assert workload.shapes == ((128, 784), (128,), (10, 128), (10,))
+        assert workload.compress_flops is None and workload.scan_rate is None
+        trace = simulate(cluster, workload, validation.as_run_on_gloo(scheme), steps=8).trace
+        sent = trace[trace["kind"].isin(["allreduce", "allgather", "outer"])].groupby("kind")["bytes"]
+        expected = {"allreduce:compression=powersgd,rank=4": {"allreduce": {2760, 14592}},
+                    "topk": {"allgather": {8144}}, "diloco:period=4": {"outer": {407_080}}}[str(parse(scheme))]
+        assert {kind: set(sizes.astype(int)) for kind, sizes in sent} == expected, scheme
+
+
+def test_powersgd_s_two_rounds_share_one_launch_with_which_their_forms_pass_through_their_timed_total():
+    # Basis: the simulator prices every all-reduce of a run with one launch L; a PowerSGD step sends two
+    # (P with the uncompressed values, then Q). With both timed at their sizes, L is what makes the closed
+    # forms' total equal the timed total: here L + 2 alpha + max(0, n - burst)/B each, on two hosts.
+    p, alpha, rate, burst, launch = 2, 1e-4, 25e6, 25_000, 1e-3
+    probe = _clean_probe(p, alpha, rate, burst, launch)
+    sizes = (2760, 40_000)  # one within the bucket, one beyond
+    timed = (1.6e-3, 2.9e-3)
+    probe["at_size"] = [[size, "fp32", [t] * AT_REPEATS] for size, t in zip(sizes, timed)]
+    fit = fit_links(probe, burst, message_bytes=max(sizes), sizes=sizes)["allreduce_fp32"]
+    assert fit["launch_from"] == "run's sizes, timed"
+
+    def form(n):
+        return fit["launch"] + 2 * (p - 1) * fit["alpha"] + max(0.0, 2 * (p - 1) / p * n - burst) / fit["bandwidth"]
+
+    assert form(sizes[0]) + form(sizes[1]) == pytest.approx(sum(timed), rel=1e-9)
+    # one of them not timed: the launch is fitted at the run's message size, as for a single all-reduce
+    probe["at_size"] = probe["at_size"][1:]
+    single = fit_links(probe, burst, message_bytes=max(sizes), sizes=sizes)["allreduce_fp32"]
+    assert single["launch_from"] == "run's size, timed" and form(sizes[1]) != pytest.approx(2.9e-3)
+    assert single["launch"] + 2 * alpha + (40_000 - burst) / single["bandwidth"] == pytest.approx(2.9e-3)
+
+
+@pytest.mark.parametrize("sizes,timed", [((2760, 14_592), (0.5e-3, 0.7e-3)), ((14_592,), (0.6e-3,))])
+def test_collectives_faster_than_the_ping_pong_s_hops_get_the_latency_their_time_implies(sizes, timed):
+    # Measured at 200 Mbit/s: the ping-pong's small messages took a median 1.16 ms one way, a 4 kB two-host
+    # all-reduce (two hops) about 0.5 ms. Within the bucket a collective costs its hops and its launch only,
+    # so with the ping-pong's alpha no launch >= 0 lets the forms pass through the timed times: the hops then
+    # get the latency those times imply, and no launch.
+    p, alpha, rate, burst = 2, 1.16e-3, 23e6, 25_000
+    probe = _clean_probe(p, alpha, rate, burst, 0.0)
+    probe["at_size"] = [[size, "fp32", [t] * AT_REPEATS] for size, t in zip(sizes, timed)]
+    extra = {"sizes": sizes} if len(sizes) > 1 else {}
+    fit = fit_links(probe, burst, message_bytes=max(sizes), **extra)["allreduce_fp32"]
+    assert fit["launch"] == 0.0 and fit["alpha"] < alpha
+    assert sum(2 * (p - 1) * fit["alpha"] for _ in sizes) == pytest.approx(sum(timed), rel=1e-9)
+    # top-k's exchange alike: one hop on two hosts
+    probe["at_gather"] = [[1018, "fp32", [0.4e-3] * AT_REPEATS]]
+    gather = fit_links(probe, burst, gather=1018)["allgather_fp32"]
+    assert gather["launch"] == 0.0 and gather["alpha"] == pytest.approx(0.4e-3, rel=1e-9)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_top_k_s_exchange_is_fitted_as_the_simulator_prices_an_all_gather_on_the_ping_pong_s_link(world):
+    # Basis: syncsim prices top-k's exchange as one ring all-gather (syncsim.collectives.allgather_time) of
+    # k (4 + value bytes) per rank on the cluster's link. The probe times the executor's exchange (k int32
+    # indices, then k values) at the run's k; on the ping-pong's alpha and rate the fit's launch makes the
+    # simulator's own price of it equal the exchange's timed mean.
+    from real.testbed.calibration import gather_bytes
+    from syncsim.collectives import allgather_time
+
+    alpha, rate, burst = 1e-4, 25e6, 25_000
+    probe = _clean_probe(world, alpha, rate, burst, 1e-3)
+    k = 4311
+    timings = [3e-3] * 30 + [5e-3] * 10
+    probe["at_gather"] = [[k, "fp32", timings], [k, "bf16", [1.0] * 20], [17, "fp32", [1.0] * 20]]
+    fits = fit_links(probe, burst, message_bytes=gather_bytes(k, "fp32"), gather=k)
+    fit = fits["allgather_fp32"]
+    assert fit["alpha"] == fits["pingpong"]["alpha"] and fit["bandwidth"] == fits["pingpong"]["bandwidth"]
+    assert gather_bytes(k, "fp32") == k * 8 and gather_bytes(k, "bf16") == k * 6
+    cluster = Cluster.homogeneous(world, Link(fit["bandwidth"], fit["alpha"]), collective_latency=fit["launch"])
+    priced = allgather_time(cluster, gather_bytes(k, "fp32")) - min(burst, (world - 1) * k * 8) / fit["bandwidth"]
+    assert priced == pytest.approx(at_size_time(timings), rel=1e-9)
+    assert fits["allgather_bf16"]["launch"] >= 0  # another precision's exchange: its own fit
+    assert "allgather_fp32" not in fit_links(probe, burst, gather=None)  # no run's k: no fit
+
+
+def test_the_link_probe_times_a_top_k_run_s_exchange_at_every_call_and_never_caches_it(monkeypatch, tmp_path):
+    launches = []
+
+    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
+        gather = argv[argv.index("--gather") + 1] if "--gather" in argv else ""
+        launches.append((gather, "--no-sweep" not in argv))
+        probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if "--no-sweep" not in argv else {"world": 2}
+        probe["at_size"] = []
+        probe["at_gather"] = [[int(v), precision, [4e-3] * AT_REPEATS]
+                              for v, precision in (e.split(":") for e in filter(None, gather.split(",")))]
+        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
+        return [0, 0]
+
+    monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
+    monkeypatch.setattr("real.testbed.namespaces.Testbed", ProbeBed)
+    for _ in range(2):
+        measured = measure_link("1Gbit/s", tmp_path, message_bytes=8144, gathers=((1018, "fp32"),))
+        assert measured["gather_now"] == [[1018, "fp32", [4e-3] * AT_REPEATS]]
+        assert measured["fits"]["allgather_fp32"]["launch_from"] == "run's size, timed"
+    assert launches == [("", True), ("1018:fp32", False), ("1018:fp32", False)]
+    assert json.loads((tmp_path / "link-1Gbit-s-h2.json").read_text())["probe"].get("at_gather", []) == []
+    with pytest.raises(ValueError, match="gathers entry"):
+        measure_link("1Gbit/s", tmp_path, gathers=((0, "fp32"),))
+
+
+def test_the_link_probe_s_gather_option_names_a_bad_entry():
+    from real.testbed.calibration import parse_gather
+
+    assert parse_gather("1018:fp32,17:bf16") == [(1018, "fp32"), (17, "bf16")] and parse_gather("") == []
+    for bad in ("0:fp32", "12:fp8", "x:fp32", "12", "-3:fp16"):
+        with pytest.raises(ValueError, match="--gather"):
+            parse_gather(bad)
+
+
+# -- loss curves --------------------------------------------------------------------------------------------------
+def _write_run(folder: Path, scheme: str, world: int, steps: int, batch: int, lr: float, losses) -> None:
+    """A run's output folder as real.run leaves it, for what the loss comparison reads: summary.json's config,
+    updates.csv (the simulator's, of the same plan: the executor writes the same rows) and each worker's
+    result with its logged losses."""
+    run = simulate(Cluster.homogeneous(world, Link("1GB/s", "10us")), Workload(param_bytes=407_080, compute_time=1e-3,
+                                                                               batch_size=batch), scheme, steps=steps)
+    (folder / "ranks").mkdir(parents=True)
+    config = {"scheme": scheme, "world": world, "servers": 0, "model": "mlp", "data": "synthetic", "seed": 0,
+              "lr": lr, "steps": steps, "batch_size": batch}
+    (folder / "summary.json").write_text(json.dumps({"config": config}))
+    run.updates.to_csv(folder / "updates.csv", index=False)
+    for worker in range(world):
+        (folder / "ranks" / f"result-rank{worker}.json").write_text(json.dumps(
+            {"rank": worker, "role": "worker", "losses": [float(x) for x in np.asarray(losses)[:, worker]]}))
+    (folder / "ranks" / f"result-rank{world}.json").write_text(json.dumps({"rank": world, "role": "server"}))
+
+
+def _reference_losses(scheme: str, world: int, steps: int, batch: int, lr: float, mean: bool = True) -> np.ndarray:
+    """Each worker's minibatch loss at each step, written here in plain float32 torch from the schemes'
+    definitions (no replay, no executor): synchronous SGD on the mean gradient, or local SGD averaging the
+    replicas every second step. ``mean`` False sums the gradients instead (a fault the comparison must see)."""
+    import torch
+    import torch.nn.functional as F
+
+    from real.data import load
+
+    data = load("synthetic", 0)
+    nets = [build("mlp", 0) for _ in range(world)]
+    losses = np.zeros((steps, world))
+    for step in range(steps):
+        grads = []
+        for worker, net in enumerate(nets):
+            x, y = data.batch(worker, step, world, batch)
+            net.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            losses[step, worker] = float(loss.detach())
+            grads.append([p.grad.clone() for p in net.parameters()])
+        with torch.no_grad():
+            if scheme == "allreduce":
+                total = [sum(g[i] for g in grads) / (world if mean else 1) for i in range(len(grads[0]))]
+                for net in nets:
+                    for p, g in zip(net.parameters(), total):
+                        p -= lr * g
+            else:  # localsgd:period=2: a local step each, then the replicas' mean at every second step
+                for net, g in zip(nets, grads):
+                    for p, gi in zip(net.parameters(), g):
+                        p -= lr * gi
+                if step % 2 == 1:
+                    for params in zip(*(net.parameters() for net in nets)):
+                        average = sum(p.detach().clone() for p in params) / world
+                        for p in params:
+                            p.copy_(average)
+    return losses
+
+
+@pytest.mark.parametrize("scheme", ["allreduce", "localsgd:period=2"])
+def test_a_run_s_logged_losses_agree_with_its_schedule_replayed_and_a_wrong_run_s_do_not(tmp_path, scheme):
+    # The replay (syncsim.convergence on real.replay's model and data) of a run's updates must predict the
+    # losses the run logged, step by step, to float32 drift (the ranks float32, the replay float64: ~1e-7
+    # relative over a few steps); a run that summed where it should average is far off from step 1 on.
+    steps, batch, lr = 6, 16, 0.05
+    good, wrong = tmp_path / "good", tmp_path / "wrong"
+    _write_run(good, scheme, 2, steps, batch, lr, _reference_losses(scheme, 2, steps, batch, lr))
+    compared, median, top = validation.loss_agreement(validation.measured_losses(good),
+                                                      validation.replayed_losses(good, steps))
+    assert compared == steps and top <= 1e-5 and median <= top
+    # the replay stops once the first steps asked for are taken; more than the run has: the run's
+    replayed = validation.replayed_losses(good, 3)
+    assert replayed.shape == (3, 2) and np.isfinite(replayed).all()
+    assert validation.replayed_losses(good, 100).shape == (steps, 2)
+    figures = validation.loss_figures(good, 4)
+    assert figures["loss_steps"] == 4 and figures["loss_rel_max"] <= 1e-5
+    assert validation.loss_figures(good, 0)["loss_steps"] == 0
+    if scheme == "allreduce":
+        _write_run(wrong, scheme, 2, steps, batch, lr, _reference_losses(scheme, 2, steps, batch, lr, mean=False))
+        assert validation.loss_figures(wrong, steps)["loss_rel_max"] > 1e-3
+
+
+def test_loss_agreement_compares_finite_pairs_and_counts_one_sided_divergence_as_infinitely_apart():
+    measured = np.array([[2.0, 2.0], [1.0, 4.0], [np.nan, 1.0]])
+    replayed = np.array([[2.0, 2.2], [1.0, 4.0], [np.nan, 1.0]])
+    steps, median, top = validation.loss_agreement(measured, replayed)
+    assert steps == 3 and top == pytest.approx(0.1) and median == 0.0  # the pair both NaN is left out
+    _, _, top = validation.loss_agreement(measured, np.array([[2.0, 2.0], [1.0, np.inf], [np.nan, 1.0]]))
+    assert top == math.inf
+    assert validation.loss_agreement(measured[:1], replayed)[0] == 1  # as many steps as both have
+    steps, median, top = validation.loss_agreement(np.full((2, 1), np.nan), np.full((2, 1), np.nan))
+    assert steps == 2 and math.isnan(median) and math.isnan(top)
+
+
+def test_the_summary_gives_the_loss_curves_agreement_and_a_table_by_scheme():
+    def row(scheme, median, top, error=""):
+        return {"scheme": scheme, "world": 2, "bandwidth": "200Mbit/s", "model": "mlp", "slow": 1.0,
+                "rel_error": 0.01, "speedup_error": np.nan, "staleness_mean_error": np.nan,
+                "staleness_distance": np.nan, "predicted_step_time": 1.0, "measured_step_time": 1.0,
+                "loss_steps": 40, "loss_rel_median": median, "loss_rel_max": top, "error": error}
+
+    frame = pd.DataFrame([row("topk", 1e-7, 2e-6), row("topk", 3e-7, 5e-6), row("diloco:period=4", 2e-4, 1.7e-2),
+                          row("allreduce", np.nan, np.nan), row("ps", 1.0, 9.0, error="RuntimeError: injected")])
+    lines = validation.summary_lines(frame)
+    line = next(line for line in lines if line.startswith("loss curves: each run's"))
+    assert "first 40 steps" in line and "median 3e-07" in line and "max 0.017 over 3 configurations" in line
+    start = lines.index(next(line for line in lines if line.startswith("loss curves, |replayed")))
+    table = lines[start + 1:]
+    assert len(table) == 4 and table[0].startswith("| scheme")
+    assert table[2].split("|")[1:5] == [" topk            ", "    2e-07 ", "    5e-06 ", "    2 "]
+    assert "diloco:period=4" in table[3] and not any("| ps " in t for t in table)  # the failed row nowhere
+    assert not any(line.startswith("loss") for line in validation.summary_lines(frame.drop(columns=[
+        "loss_steps", "loss_rel_median", "loss_rel_max"])))
+
+
+def test_a_resumed_study_compares_the_loss_curves_of_rows_measured_before_they_were(tmp_path, monkeypatch):
+    configs = validation.quick_grid()
+    _fake_study(monkeypatch, fail=set())
+    argv = ["--quick", "--out", str(tmp_path), "--steps", "8", "--steadiness", "0"]
+    assert validation.main(argv) == 0
+    csv = tmp_path / "validation.csv"
+    pd.read_csv(csv).drop(columns=["loss_steps", "loss_rel_median", "loss_rel_max"]).to_csv(csv, index=False)
+    for config in configs[1:]:  # the first run's outputs are gone
+        (tmp_path / "runs" / config.name / "summary.json").write_text("{}")
+    (tmp_path / "runs" / configs[0].name / "trace.csv").unlink()
+    assert validation.main(argv) == 0
+    data = pd.read_csv(csv, keep_default_na=False, na_values=[""]).set_index(list(validation.KEY))
+    assert math.isnan(data.loc[configs[0].key, "loss_rel_max"])
+    assert (data.loc[[c.key for c in configs[1:]], "loss_rel_max"] == 2e-6).all()
