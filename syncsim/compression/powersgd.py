@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from syncsim.schemes.allreduce import tensor_view
+
 __all__ = ["LowRank", "Segment", "layout", "orthonormalise"]
 
 
@@ -44,16 +46,12 @@ class Segment:
 
 
 def layout(shapes: Sequence[Sequence[int]], rank: int, min_compression: float) -> tuple[Segment, ...]:
-    """The flat gradient's tensors, each compressed or not by torch's rule (schemes.allreduce.matrix_split)."""
+    """The flat gradient's tensors, each compressed or not by torch's rule (schemes.allreduce.tensor_view)."""
     segments, start = [], 0
     for shape in shapes:
-        values = math.prod(shape)
-        rows = int(shape[0])
-        cols = values // rows
-        r = min(rank, rows, cols)
-        compressed = min_compression * r * (rows + cols) < rows * cols
-        segments.append(Segment(start, rows, cols, r if compressed else 0))
-        start += values
+        rows, cols, r = tensor_view(shape, rank, min_compression)
+        segments.append(Segment(start, rows, cols, r))
+        start += rows * cols
     return tuple(segments)
 
 

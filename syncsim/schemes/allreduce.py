@@ -25,6 +25,7 @@ from syncsim.schemes.spec import Scheme, register
 from syncsim.units import parse_size
 
 __all__ = ["AllReduce", "ALGORITHMS", "COMPRESSIONS", "DEFAULT_BUCKET_BYTES", "gradient_buckets", "matrix_split",
+           "tensor_view",
            "default_shapes"]
 
 COMPRESSIONS = ("none", "powersgd")
@@ -93,23 +94,29 @@ class AllReduce(Scheme):
                                   algorithm=self.algorithm, bucket_bytes=self.bucket_bytes)
 
 
-def matrix_split(shapes: Sequence[Sequence[int]], rank: int,
-                 min_compression: float) -> tuple[tuple[tuple[int, int], ...], int]:
-    """(the (rows, cols) of each tensor PowerSGD compresses, the values it sends as they are).
+def tensor_view(shape: Sequence[int], rank: int, min_compression: float) -> tuple[int, int, int]:
+    """(rows, cols, r) of one tensor as PowerSGD sees it; r = 0 when it is sent as it is.
 
     As torch's hook (``powerSGD_hook``, ``_should_compress``): every tensor is viewed as rows =
     shape[0] by cols = the rest (a vector of n as n × 1); with r = min(rank, rows, cols) it is
     compressed when min_compression · r·(rows + cols) < rows·cols."""
+    rows = int(shape[0])
+    cols = math.prod(shape) // rows
+    r = min(rank, rows, cols)
+    return rows, cols, r if min_compression * r * (rows + cols) < rows * cols else 0
+
+
+def matrix_split(shapes: Sequence[Sequence[int]], rank: int,
+                 min_compression: float) -> tuple[tuple[tuple[int, int], ...], int]:
+    """(the (rows, cols) of each tensor PowerSGD compresses, the values it sends as they are); see
+    ``tensor_view``."""
     matrices, vectors = [], 0
     for shape in shapes:
-        values = math.prod(shape)
-        rows = int(shape[0])
-        cols = values // rows
-        r = min(rank, rows, cols)
-        if min_compression * r * (rows + cols) < rows * cols:
+        rows, cols, r = tensor_view(shape, rank, min_compression)
+        if r:
             matrices.append((rows, cols))
         else:
-            vectors += values
+            vectors += rows * cols
     return tuple(matrices), vectors
 
 
