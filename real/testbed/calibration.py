@@ -241,29 +241,31 @@ def gather_bytes(values: int, precision: str) -> int:
     return int(values) * (INDEX_BYTES + getattr(torch, WIRE[precision]).itemsize)
 
 
+def _parse_entries(text: str, digits: int, valid, message: str) -> list[tuple[int, str]]:
+    """Comma-separated NUMBER:PRECISION entries, each checked by ``valid(number, precision)``; ValueError
+    ``message`` (formatted with the entry) for the first that is malformed."""
+    entries = []
+    for item in filter(None, text.split(",")):
+        number, _, precision = item.partition(":")
+        if not re.fullmatch(f"[0-9]{{1,{digits}}}", number) or not valid(int(number), precision):
+            raise ValueError(message.format(item=repr(item)))
+        entries.append((int(number), precision))
+    return entries
+
+
 def parse_gather(text: str) -> list[tuple[int, str]]:
     """``--gather``'s entries, VALUES:PRECISION; ValueError naming the option and the entry when one is
     malformed."""
-    entries = []
-    for item in filter(None, text.split(",")):
-        values, _, precision = item.partition(":")
-        if not re.fullmatch(r"[0-9]{1,10}", values) or not _valid_gather(int(values), precision):
-            raise ValueError(f"--gather: each entry must be VALUES:PRECISION with PRECISION one of {sorted(WIRE)} "
-                             f"and VALUES a positive number of int32-indexed values, got {item!r}")
-        entries.append((int(values), precision))
-    return entries
+    return _parse_entries(text, 10, _valid_gather,
+                          f"--gather: each entry must be VALUES:PRECISION with PRECISION one of {sorted(WIRE)} "
+                          f"and VALUES a positive number of int32-indexed values, got {{item}}")
 
 
 def parse_at(text: str) -> list[tuple[int, str]]:
     """``--at``'s entries; ValueError naming the option and the entry when one is malformed."""
-    entries = []
-    for item in filter(None, text.split(",")):
-        size, _, precision = item.partition(":")
-        if not re.fullmatch(r"[0-9]{1,12}", size) or not _valid_at(int(size), precision):
-            raise ValueError(f"--at: each entry must be BYTES:PRECISION with PRECISION one of {sorted(WIRE)} "
-                             f"and BYTES a positive multiple of its element size, got {item!r}")
-        entries.append((int(size), precision))
-    return entries
+    return _parse_entries(text, 12, _valid_at,
+                          f"--at: each entry must be BYTES:PRECISION with PRECISION one of {sorted(WIRE)} "
+                          f"and BYTES a positive multiple of its element size, got {{item}}")
 
 
 def fit_links(probe: dict, burst: float, message_bytes: float | None = None, sizes: tuple[float, ...] = (),
