@@ -151,6 +151,7 @@ class RunConfig:
         if not pushes and self.servers:
             raise ValueError(f"RunConfig.servers: scheme {self.scheme!r} uses no parameter servers; "
                              f"drop --servers (got {self.servers})")
+        self._check_sharded()
         if self.device == "cuda" or self.backend == "nccl":
             import torch
 
@@ -185,6 +186,27 @@ class RunConfig:
             object.__setattr__(self, flag, check_bool(owner, flag, getattr(self, flag)))
         # last: the one check that touches the file system, once every other option is known good
         check_out_dir(self.out, "RunConfig.out")
+
+    def _check_sharded(self) -> None:
+        """What real.sharded does not run, refused before any rank starts (docs/memory.md, "Running sharded
+        schemes for real"); read off the plan and its StateLayout, as the executor chooses its tool."""
+        from syncsim.schemes import SHARDED_ACTIONS
+        from syncsim.schemes.policy import REPLICATED
+
+        policy = self.spec.policy(4.0)
+        if not any(issubclass(kind, SHARDED_ACTIONS) for kind in policy.action_types(self.steps)):
+            return
+        if self.use_amp:
+            raise ValueError(f"RunConfig.amp: scheme {self.scheme!r} shards its state, and its precision is already "
+                             f"the working precision of its parameters and gradients (for FSDP2, its "
+                             f"MixedPrecisionPolicy); autocast over it is not run: drop --amp and amp=true, and "
+                             f"give precision=bf16 for 16-bit compute")
+        if policy.layout.gradients == REPLICATED and self.spec.precision != "fp32":
+            raise ValueError(f"RunConfig.scheme: {self.scheme!r} keeps whole gradients and shards the optimiser's "
+                             f"state (ZeRO stage 1): it runs on torch's ZeroRedundancyOptimizer, which steps and "
+                             f"broadcasts each parameter in the one dtype the model holds it in: it keeps "
+                             f"no fp32 master beside a {self.spec.precision} working copy, so {self.spec.precision} "
+                             f"mixed precision is not run; use precision=fp32, or zero:stage=2 (FSDP2 runs it)")
 
     def _check_rank(self, name: str, rank: int) -> None:
         if not 0 <= rank < self.ranks:

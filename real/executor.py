@@ -14,26 +14,18 @@ AllReduceGradients) but never at the scheme's type.
   not the averager, decides when) in fp32; in fp16/bf16 the flat parameters
   are cast, all-reduced and cast back, since torch's averager has no compression.
 - Push / WaitForClock / Pull: real.server.Client.
-- LowRankAllReduce (PowerSGD) and SparseAllGather (top-k): the backward runs
-  without DDP; the flat gradient goes to the rank's compressor from
-  syncsim.compression (numpy, on the CPU: the numerics the replay runs too),
-  and between its stages the rank all-reduces (then divides by W: the mean) or
-  all-gathers what the compressor hands it, cast to the wire dtype. The
-  gradient the compressor returns is written into ``.grad`` and the optimizer
-  steps. No bucket overlap (the simulator models none either).
 - LocalUpdate: the action's optimiser: "sgd" (the run's SGD) or "adamw"
   (torch.optim.AdamW with the run's lr and torch's defaults), each keeping its
   own state over the run.
-- OuterStep (DiLoCo): the mean over workers of (the fragment's last outer
-  value − its value now), all-reduced at the wire dtype, is the gradient of an
-  outer torch.optim.SGD (Nesterov when momentum > 0) that steps a separate
-  copy of the fragment's last outer value; every replica's fragment then takes
-  the result.
+- LowRankAllReduce (PowerSGD), SparseAllGather (top-k), OuterStep (DiLoCo):
+  real.compressed.
+- ReduceScatterGradients, ShardedOptimizerStep, AllGatherParameters (ZeRO,
+  FSDP): real.sharded, with torch's ZeroRedundancyOptimizer or FSDP2.
 
 Versions follow the glossary: replica schemes count all-reduce steps (PowerSGD
-and top-k steps too), averaging rounds and outer steps; local steps read and
-are applied to the version of the last sync and are stamped with the next
-averaging's (or outer step's) time. PS versions are the first server's (it
+and top-k steps too), sharded optimiser steps, averaging rounds and outer
+steps; local steps read and are applied to the version of the last sync and
+are stamped with the next averaging's (or outer step's) time. PS versions are the first server's (it
 writes those updates rows).
 """
 
@@ -45,22 +37,22 @@ import statistics
 import time
 import warnings
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from real.compressed import CompressedHandlers
 from real.heartbeat import Quiet
 from real.hooks import WIRE_DTYPES, CountingHookState, counting_hook
-from real.models import param_layers, param_shapes
+from real.models import flat_params, param_layers, param_shapes, whole
 from real.server import Client
+from real.sharded import ShardedHandlers
 from real.trace import Recorder
-from syncsim.compression import LowRank, Sparsifier, layout, scatter_mean
 from syncsim.schemes import (
     SERVER_ACTIONS,
-    SHARDED_ACTIONS,
+    AllGatherParameters,
     AllReduceGradients,
     AverageParameters,
     Compute,
@@ -69,11 +61,11 @@ from syncsim.schemes import (
     OuterStep,
     Pull,
     Push,
+    ReduceScatterGradients,
+    ShardedOptimizerStep,
     SparseAllGather,
     WaitForClock,
 )
-from syncsim.schemes.diloco import fragment_bounds
-from syncsim.schemes.topk import top_k
 
 __all__ = ["Executor", "checksum", "flat_params"]
 
@@ -102,15 +94,11 @@ LOCAL_OPTIMIZERS = {
 }
 
 
-def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
-
-
 def checksum(model: torch.nn.Module) -> str:
     return hashlib.sha256(flat_params(model).cpu().numpy().tobytes()).hexdigest()[:16]
 
 
-class Executor:
+class Executor(CompressedHandlers, ShardedHandlers):
     def __init__(self, cfg, rank: int, model: torch.nn.Module, data, device: torch.device,
                  workers_group, recorder: Recorder, heartbeat=None, client=None):
         """``client``: the parameter-server client of a plan that pushes and pulls (real.server.Client over
@@ -147,9 +135,6 @@ class Executor:
         self.failure = cfg.failure(rank)
         actions = self.policy.actions(cfg.steps)
         kinds = {type(a) for a in actions}
-        if kinds & set(SHARDED_ACTIONS):
-            raise NotImplementedError(f"the executor does not run sharded schemes yet ({self.spec}): "
-                                      f"the simulator, replay and memory model do (syncsim.memory)")
         self._setup_amp(applies_locally=bool(kinds & {AllReduceGradients, LocalUpdate}))
         self.net: torch.nn.Module = model
         self.hook_state = None
@@ -179,49 +164,15 @@ class Executor:
                                                     - {"sgd"})}
         self._setup_compressors(actions)
         self._setup_outer(actions)
+        self._setup_sharded(actions)  # last: FSDP2 replaces the model's parameters, and the optimizer with them
+        self.final_checksum: str | None = None
         self.handlers = {
             Compute: self.compute, AllReduceGradients: self.allreduce, LocalUpdate: self.local_update,
             AverageParameters: self.average, Push: self.push, WaitForClock: self.wait, Pull: self.pull,
             LowRankAllReduce: self.low_rank, SparseAllGather: self.sparse_allgather, OuterStep: self.outer_step,
+            ReduceScatterGradients: self.reduce_scatter, ShardedOptimizerStep: self.sharded_step,
+            AllGatherParameters: self.gather_parameters,
         }
-
-    def _setup_compressors(self, actions) -> None:
-        """One compressor (syncsim.compression) per distinct compressing action of the plan: this rank's
-        error-feedback residual and PowerSGD's warm-started Q, kept over the run. What it sends is rounded to
-        the wire's precision by the replay's own rounding (syncsim.convergence.wire), so that the residual
-        keeps exactly what the replay's does; at fp16/bf16 the cast to the wire dtype is then exact, at fp32
-        it rounds float64 to float32 (the replay keeps float64: float32 drift)."""
-        self.compressors: dict = {}
-        compressing = [a for a in actions if isinstance(a, (LowRankAllReduce, SparseAllGather))]
-        if not compressing:
-            return
-        from syncsim.convergence.wire import Wire  # imports pandas: only on ranks that compress
-
-        send = Wire(self.spec.precision).send
-        numel = sum(p.numel() for p in self.model.parameters())
-        for action in compressing:
-            if isinstance(action, LowRankAllReduce):
-                segments = layout(self.shapes, action.rank, action.min_compression)
-                self.compressors[action] = LowRank(segments, seed=self.cfg.seed, send=send)
-            else:  # k as the action has it, or its share of this model's size if the plan was sized otherwise
-                k = action.values if action.size == numel else top_k(numel, action.ratio)
-                self.compressors[action] = Sparsifier(numel, k, send=send)
-
-    def _setup_outer(self, actions) -> None:
-        """For each fragment an OuterStep synchronises: a separate copy of its last outer value (at first the
-        initial parameters, the same on every rank) and the outer SGD that steps that copy."""
-        self.outer: dict = {}
-        numel = sum(p.numel() for p in self.model.parameters())
-        initial = flat_params(self.model)
-        for action in (a for a in actions if isinstance(a, OuterStep)):
-            for fragment in action.fragments:
-                bounds = fragment_bounds(numel, action.count)[fragment]
-                if bounds in self.outer:
-                    continue
-                anchor = initial[bounds[0]:bounds[1]].clone().to(self.device).requires_grad_(True)
-                outer = torch.optim.SGD([anchor], lr=action.lr, momentum=action.momentum,
-                                        nesterov=action.momentum > 0)
-                self.outer[bounds] = (anchor, outer)
 
     def _setup_amp(self, applies_locally: bool) -> None:
         # bf16 autocast on CPU (CPU autocast's default dtype); on CUDA fp16 +
@@ -250,13 +201,15 @@ class Executor:
         if self.client is not None:
             with self.heartbeat.waiting_for_peers():
                 self.client.stop()
+        # every worker at once: sharded parameters are gathered for it (a collective)
+        self.final_checksum = checksum(self.model)
 
     def run_step(self, step: int) -> None:
         """One step of the plan: what a run repeats, and what the compute calibration times."""
         self.step = step
         self.heartbeat.beat(step)
         self._maybe_fail(step)
-        plan = self.policy.plan(step, self.cfg.steps)
+        self.plan = plan = self.policy.plan(step, self.cfg.steps)
         self.reduce = next((a for a in plan if isinstance(a, AllReduceGradients)), None)
         for action in plan:
             self.handlers[type(action)](action)
@@ -383,101 +336,6 @@ class Executor:
         self.pending_local = []
         self.version += 1
 
-    # -- compressed gradients and outer steps ----------------------------------------------------
-    def _flat_grad(self) -> np.ndarray:
-        return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()]).double().cpu().numpy()
-
-    def _set_grad(self, flat: np.ndarray) -> None:
-        values = torch.from_numpy(flat).to(self.device, torch.float32)
-        offset = 0
-        for p in self.model.parameters():
-            p.grad.copy_(values[offset:offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
-
-    def _mean(self, values: np.ndarray) -> tuple[np.ndarray, int]:
-        """(the mean over workers of ``values``, bytes sent): cast to the wire dtype, all-reduced (the sum),
-        divided by W in float64."""
-        if values.size == 0:
-            return values, 0
-        wire = torch.from_numpy(values).to(self.device, self.wire_dtype)
-        with self.heartbeat.waiting_for_peers():
-            dist.all_reduce(wire, group=self.group)
-        return wire.double().div_(self.cfg.world).cpu().numpy(), wire.numel() * wire.element_size()
-
-    def _gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        parts = [torch.empty_like(tensor) for _ in range(self.cfg.world)]
-        with self.heartbeat.waiting_for_peers():
-            dist.all_gather(parts, tensor, group=self.group)
-        return parts
-
-    def _applied(self, gradient: np.ndarray) -> None:
-        """Apply the gradient every replica applies this step: one new version, as an all-reduce step."""
-        self._set_grad(gradient)
-        self._apply()
-        self.recorder.update(self.worker, self.step, self.read_version, self.version, self.recorder.now())
-        self.version += 1
-
-    def low_rank(self, action: LowRankAllReduce) -> None:
-        compressor = self.compressors[action]
-        start = self.recorder.now()
-        plain, ps = compressor.start(self._flat_grad())
-        # round one: the uncompressed values and every P, in one all-reduce
-        first, sent = self._mean(np.concatenate([plain, *(p.reshape(-1) for p in ps)]))
-        plain_mean, offset, p_means = first[:plain.size], plain.size, []
-        for p in ps:
-            p_means.append(first[offset:offset + p.size].reshape(p.shape))
-            offset += p.size
-        middle = self.recorder.now()
-        self.recorder.span(self.worker, self.step, "allreduce", start, middle, sent)
-        # round two: every Q = Mᵀ·P̂
-        qs = compressor.middle(p_means)
-        second, sent_q = self._mean(np.concatenate([q.reshape(-1) for q in qs]) if qs else np.zeros(0))
-        q_means, offset = [], 0
-        for q in qs:
-            q_means.append(second[offset:offset + q.size].reshape(q.shape))
-            offset += q.size
-        self.recorder.span(self.worker, self.step, "allreduce", middle, self.recorder.now(), sent_q)
-        self.bytes_sent += sent + sent_q
-        self._applied(compressor.finish(plain_mean, q_means))
-
-    def sparse_allgather(self, action: SparseAllGather) -> None:
-        compressor = self.compressors[action]
-        start = self.recorder.now()
-        indices, values = compressor.compress(self._flat_grad())
-        index = torch.from_numpy(indices.astype(np.int32)).to(self.device)  # INDEX_BYTES each
-        value = torch.from_numpy(values).to(self.device, self.wire_dtype)
-        every_index, every_value = self._gather(index), self._gather(value)
-        sent = index.numel() * index.element_size() + value.numel() * value.element_size()
-        self.bytes_sent += sent
-        self.recorder.span(self.worker, self.step, "allgather", start, self.recorder.now(), sent)
-        applied = scatter_mean([i.cpu().numpy().astype(np.int64) for i in every_index],
-                               [v.double().cpu().numpy() for v in every_value], compressor.size)
-        self._applied(applied)
-
-    def outer_step(self, action: OuterStep) -> None:
-        start = self.recorder.now()
-        numel = sum(p.numel() for p in self.model.parameters())
-        bounds = [fragment_bounds(numel, action.count)[f] for f in action.fragments]
-        flat = flat_params(self.model)
-        # the fragments' pseudo-gradients in one all-reduce, rounded to the wire and summed there; divided by
-        # W after, in fp32 (as averaging)
-        pseudo = torch.cat([self.outer[(lo, hi)][0].detach() - flat[lo:hi].to(self.device) for lo, hi in bounds])
-        pseudo = pseudo.to(self.wire_dtype)
-        with self.heartbeat.waiting_for_peers():
-            dist.all_reduce(pseudo, group=self.group)
-        nbytes = pseudo.numel() * pseudo.element_size()
-        mean = pseudo.float().div_(self.cfg.world)
-        offset = 0
-        for lo, hi in bounds:  # each fragment's outer SGD steps its own copy with its own momentum
-            anchor, outer = self.outer[(lo, hi)]
-            anchor.grad = mean[offset:offset + hi - lo]
-            outer.step()
-            self._load_slice(lo, anchor.detach())
-            offset += hi - lo
-        self.bytes_sent += nbytes
-        end = self.recorder.now()
-        self.recorder.span(self.worker, self.step, "outer", start, end, nbytes)
-        self._fold_local_steps(end)
 
     def push(self, action: Push) -> None:
         start = self.recorder.now()
@@ -522,10 +380,18 @@ class Executor:
 
     # -- results ------------------------------------------------------------------
     def result(self) -> dict:
+        # unfinished (a failure's report too): none where FSDP2 shards the parameters, whose gathering would
+        # wait for peers that may be gone
+        final = self.final_checksum if self.final_checksum or self.units else checksum(self.model)
         return {
             "rank": self.rank, "role": "worker", "steps_done": self.completed,
             "bytes_sent": self.bytes_sent,
             "final_loss": float(self.losses[-1]) if self.losses else None,
             "losses": [float(v) for v in self.losses],
-            "checksum": checksum(self.model), "checksums": self.checksums, "buckets": self.buckets,
+            "checksum": final, "checksums": self.checksums, "buckets": self.buckets,
         }
+
+    def state_dict(self) -> dict:
+        """The worker's parameters whole (--save-params): its replica, or FSDP2's shards gathered (a collective:
+        every worker calls it at once)."""
+        return {name: whole(value) for name, value in self.model.state_dict().items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["build", "MODELS", "param_layers", "param_shapes"]
+__all__ = ["build", "MODELS", "param_layers", "param_shapes", "flat_params", "whole"]
 
 
 def lenet() -> nn.Module:
@@ -53,3 +53,16 @@ def param_shapes(model: nn.Module) -> tuple[tuple[int, ...], ...]:
     """The shape of each parameter tensor in forward order: the ``shapes`` a syncsim Workload takes (what a
     low-rank compressor views as matrices, syncsim.compression.layout)."""
     return tuple(tuple(int(d) for d in p.shape) for p in model.parameters() if p.requires_grad)
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` whole: itself, or a sharded DTensor (FSDP2's parameters) gathered with ``full_tensor()``,
+    a collective every rank of its mesh must call at once."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    """The model's parameters whole, flat, in fp32, in ``model.parameters()`` order."""
+    return torch.cat([whole(p.detach()).reshape(-1).float() for p in model.parameters()])

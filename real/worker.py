@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             recorder.t0 = start_time()
         actor.run()
         result = actor.result()
-        if cfg.save_params:  # a worker's replica, or a server's final shard: what a replay of the run ends at
-            saved = model.state_dict() if role == "worker" else actor.shard
+        if cfg.save_params:  # a worker's parameters whole, or a server's final shard: what a replay ends at
+            saved = actor.state_dict() if role == "worker" else actor.shard
             torch.save(saved, rank_dir(cfg.out) / f"params-rank{rank}.pt")
         recorder.write(cfg.out, rank, result | {"error": None})
         with heartbeat.waiting_for_peers():

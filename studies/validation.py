@@ -28,7 +28,10 @@ The compressing schemes (PowerSGD, top-k, DiLoCo) are calibrated by the same rul
 times the executor's step, their compressor's arithmetic and DiLoCo's outer step inside it, so the
 workload leaves syncsim's compressor rates unset; the link probe times what the run sends (PowerSGD's
 two all-reduces, top-k's all-gathers of indices and values, DiLoCo's pseudo-gradient); the workload has
-the model's tensor shapes, so PowerSGD's rounds are the run's sizes.
+the model's tensor shapes, so PowerSGD's rounds are the run's sizes. The sharded schemes (ZeRO, FSDP: not in
+the default grid; name them with --schemes, two workers or more) are calibrated the same way, their compute
+probe timing the executor's step under ZeroRedundancyOptimizer or FSDP2, and the all-reduce of their
+gradient standing for their reduce-scatters and all-gathers (timed_size).
 
 Writes ``OUT/validation.csv`` (one row per configuration; a failed one is a row with its reason),
 ``OUT/parity.png`` (drawn from the CSV alone), each run's real and simulated traces under
@@ -238,6 +241,7 @@ def _sync_action(scheme: str, model: str):
         AverageParameters,
         LowRankAllReduce,
         OuterStep,
+        ReduceScatterGradients,
         SparseAllGather,
     )
 
@@ -247,7 +251,7 @@ def _sync_action(scheme: str, model: str):
     for step in range(STEPS):
         for action in policy.plan(step, STEPS):
             if isinstance(action, (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather,
-                                   OuterStep)):
+                                   OuterStep, ReduceScatterGradients)):
                 counts[action] = counts.get(action, 0) + 1
     return max(counts, key=counts.get) if counts else None  # the first of the most frequent
 
@@ -255,8 +259,9 @@ def _sync_action(scheme: str, model: str):
 def sync_action(config: Config):
     """The collective a run of ``config`` synchronises by, as real.executor plans it for the model's layers
     and tensor shapes (the most frequent over STEPS steps: a DiLoCo run's outer step at its own period, a
-    streaming one's single fragment); None for a run that sends nothing over the links between workers
-    (a parameter server's traffic is point to point; one worker has no peer)."""
+    streaming one's single fragment; a sharded run's reduce-scatter of the gradient); None for a run that
+    sends nothing over the links between workers (a parameter server's traffic is point to point; one worker
+    has no peer)."""
     if config.servers or config.world < 2:
         return None
     return _sync_action(config.scheme, config.model)
@@ -264,8 +269,9 @@ def sync_action(config: Config):
 
 def message_bytes(config: Config) -> float:
     """What a run of ``config`` sends at once, the size its links' rate is read at: its gradient (or local SGD's
-    parameters, a push, DiLoCo's pseudo-gradient) at the scheme's wire precision; PowerSGD's larger round;
-    the bytes each worker contributes to top-k's all-gather (indices and values)."""
+    parameters, a push, DiLoCo's pseudo-gradient, a sharded run's reduce-scatter and its all-gathers, each the
+    whole gradient or parameters) at the scheme's wire precision; PowerSGD's larger round; the bytes each
+    worker contributes to top-k's all-gather (indices and values)."""
     from syncsim.schemes import parse
     from syncsim.schemes.actions import LowRankAllReduce, OuterStep, SparseAllGather
 
@@ -281,7 +287,15 @@ def timed_size(config: Config) -> tuple[tuple[int, str], ...]:
     """((bytes, precision), ...) of the all-reduces a run of ``config`` sends a step, as its link probe times
     them (real.testbed.calibration.wire_bytes): its gradient's, local SGD's or DiLoCo's parameters', or
     PowerSGD's two rounds (P with the uncompressed values, then Q); () for a run that all-reduces nothing
-    over the links (a parameter server's, one worker's, top-k's: timed_gather)."""
+    over the links (a parameter server's, one worker's, top-k's: timed_gather).
+
+    A sharded run (ZeRO, FSDP) sends no all-reduce: the all-reduce of its gradient stands for its
+    collectives, as a ring all-reduce is a reduce-scatter and an all-gather of the same size (each (p-1)
+    hops of n/p), and the simulator prices its reduce-scatters and all-gathers on that fit, each with the
+    fit's launch. A proxy: gloo does not run its reduce-scatter as half an all-reduce (on loopback here, two
+    ranks, 4 MiB: reduce_scatter_single 7.3 ms, all_reduce 3.6 ms, all_gather_single 3.0 ms, medians of 15),
+    so these rows' predictions read low until the link probe times a run's own reduce-scatter and
+    all-gather (docs/memory.md, "Running sharded schemes for real")."""
     from real.testbed.calibration import wire_bytes
     from syncsim.schemes import parse
     from syncsim.schemes.actions import LowRankAllReduce, SparseAllGather
@@ -314,7 +328,8 @@ def sent_precisions(configs: list[Config]) -> tuple[str, ...]:
 
 
 def quick_grid(slow: float = SLOW) -> list[Config]:
-    """A few minutes: the small model at one rate, two workers; synchronous and asynchronous PS, all-reduce."""
+    """About 100 s with its calibration: the small model at one rate, two workers; synchronous and
+    asynchronous PS, all-reduce."""
     return [Config("allreduce", 1, "200Mbit/s", "mlp"), Config("allreduce", 2, "200Mbit/s", "mlp"),
             Config("ps", 2, "200Mbit/s", "mlp"), Config("ps:mode=async", 2, "200Mbit/s", "mlp", slow)]
 
@@ -710,7 +725,7 @@ def repeatability(frame: pd.DataFrame) -> list[tuple[str, int, tuple[float, floa
     is how far apart two measurements of one compute-bound configuration can lie on this machine, what
     no prediction made before a run can do better than: a 2-core virtual machine whose processes run
     faster and slower by spells (7 repeats of the small model's baseline at 200 Mbit/s, run back to back:
-    1.44-2.03 ms measured, 1.34-2.15 ms probed, with every phase of a slow run slow alike: docs/real.md)."""
+    1.44-2.03 ms measured, 1.34-2.15 ms probed, with every phase of a slow run slow alike: docs/log.md)."""
     rows = frame[is_baseline(frame["scheme"], frame["world"], frame["slow"])]
     found = []
     for model, runs in rows.groupby("model", sort=False):
@@ -913,7 +928,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="compare each run's logged losses with its replayed schedule over this many first steps "
                          "(0: not compared)")
     ap.add_argument("--out", default="results/validation", help="output folder")
-    ap.add_argument("--quick", action="store_true", help="a handful of configurations (a few minutes)")
+    ap.add_argument("--quick", action="store_true", help="four configurations of the small model (about 100 s)")
     ap.add_argument("--prefix", default="sstb", help="testbed namespace prefix")
     ap.add_argument("--run-timeout", type=number, default=300.0, help="seconds before a run is stopped")
     ap.add_argument("--steadiness", type=number, default=None,

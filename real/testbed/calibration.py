@@ -809,7 +809,7 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
     would be counted twice.
 
     After a step whose plan ends in a collective (an all-reduce, a model average, PowerSGD's two rounds,
-    top-k's all-gather, DiLoCo's outer step) the ranks meet at a
+    top-k's all-gather, DiLoCo's outer step, a sharded step's reduce-scatter) the ranks meet at a
     barrier, untimed, as a run's workers leave each collective together and compute at once: the cores
     are then shared as in the run. Ranks that never met were a poor stand-in for all-reducing workers
     of the small model: four of them computing back to back on two cores took 1.3-2.2 ms a step with a
@@ -832,11 +832,14 @@ def _time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: st
         AverageParameters,
         LowRankAllReduce,
         OuterStep,
+        ReduceScatterGradients,
         SparseAllGather,
     )
 
-    # the actions after which a run's workers leave a collective together: every synchronising one
-    meeting = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep)
+    # the actions after which a run's workers leave a collective together: every synchronising one (a sharded
+    # step's reduce-scatter, which its gathers accompany)
+    meeting = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep,
+               ReduceScatterGradients)
     pushes = needs_servers(scheme)
     cfg = RunConfig(scheme=scheme, world=1, servers=int(pushes), model=model_name, batch_size=batch_size,
                     steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS + len(IDLE_GAPS) * IDLE_STEPS, out=folder,

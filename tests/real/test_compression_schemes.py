@@ -286,27 +286,33 @@ def policy_of(args: tuple):
     return parse(option(args, "--scheme")).policy(sum(layers), layers=layers, shapes=param_shapes(model))
 
 
-@pytest.mark.parametrize("name", RUNS)
-def test_bytes_are_the_actions_nbytes_row_by_row(real_run, name):
-    args = RUNS[name]
-    run = real_run(*args)
+def communication_by_step(run, args):
+    """Checks that the run completed every step and that each worker sent its policy's wire bytes; yields
+    (worker, step, [(kind, bytes) of that step's communication rows, in order], the policy's plan)."""
     s = run.summary
     assert s["complete"] is True and s["error"] is None
     world, steps = int(option(args, "--world")), int(option(args, "--steps"))
     assert s["steps_done"] == [steps] * world and len(run.updates) == world * steps
     policy = policy_of(args)
     assert s["bytes_sent"] == {str(w): policy.wire_bytes(steps) for w in range(world)}
-    # each communication row carries its action's bytes: PowerSGD's two all-reduces (P, then Q), top-k's
-    # all-gather, each outer step's fragment
     trace = run.trace[run.trace.kind != "compute"].sort_values(["worker", "step", "start"])
     for (worker, step), rows in trace.groupby(["worker", "step"]):
+        yield worker, step, list(zip(rows.kind, rows.bytes.astype(float))), policy.plan(int(step), steps)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_bytes_are_the_actions_nbytes_row_by_row(real_run, name):
+    args = RUNS[name]
+    # each communication row carries its action's bytes: PowerSGD's two all-reduces (P, then Q), top-k's
+    # all-gather, each outer step's fragment
+    for worker, step, sent, plan in communication_by_step(real_run(*args), args):
         want = []
-        for action in policy.plan(int(step), steps):
+        for action in plan:
             if isinstance(action, LowRankAllReduce):
                 want += [("allreduce", action.p_bytes), ("allreduce", action.q_bytes)]
             elif isinstance(action, (SparseAllGather, OuterStep)):
                 want.append((action.kind, action.nbytes))
-        assert list(zip(rows.kind, rows.bytes.astype(float))) == want, (worker, step)
+        assert sent == want, (worker, step)
 
 
 def simulated(args: tuple):
@@ -319,10 +325,10 @@ def simulated(args: tuple):
     return simulate(cluster, workload, parse(option(args, "--scheme")), steps=steps, seed=0)
 
 
-@pytest.mark.parametrize("name", RUNS)
-def test_the_simulator_carries_out_the_same_actions_and_versions(real_run, name):
-    args = RUNS[name]
-    run, res = real_run(*args), simulated(args)
+def assert_the_simulator_agrees(run, args):
+    """The simulator, on the run's spec, carries out the same sync actions, sends the same bytes per worker,
+    and reads and applies the same versions, step by step."""
+    res = simulated(args)
     assert sync_actions(res.trace) == sync_actions(run.trace)
     sim_bytes = res.trace[res.trace.kind != "compute"].groupby("worker").bytes.sum()
     assert sim_bytes.to_dict() == run.trace[run.trace.kind != "compute"].groupby("worker").bytes.sum().to_dict()
@@ -330,6 +336,12 @@ def test_the_simulator_carries_out_the_same_actions_and_versions(real_run, name)
     sim = res.updates.sort_values(key)[key + ["version_read", "version_applied"]].reset_index(drop=True)
     real = run.updates.sort_values(key)[key + ["version_read", "version_applied"]].reset_index(drop=True)
     assert sim.astype(int).equals(real.astype(int))
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_simulator_carries_out_the_same_actions_and_versions(real_run, name):
+    run = real_run(*RUNS[name])
+    assert_the_simulator_agrees(run, RUNS[name])
     assert (run.updates.staleness == 0).all()
 
 
@@ -338,16 +350,20 @@ DRIFT = 1e-6
 WIRE_STEP = {"fp32": 0.0, "bf16": torch.finfo(torch.bfloat16).eps, "fp16": torch.finfo(torch.float16).eps}
 
 
+def replay(run):
+    """The run's update log replayed on its own problem: (the finished Replayer, the log, the problem)."""
+    config = run.summary["config"]
+    problem = TorchProblem(model=config["model"], data=config["data"], seed=config["seed"])
+    log = load_log(run.out)
+    return Replayer(log, problem, lr=config["lr"], seed=config["seed"]).run(), log, problem
+
+
 @pytest.mark.parametrize("name", RUNS)
 def test_replaying_the_update_log_ends_at_the_runs_parameters(real_run, name):
     # as tests/real/test_replay_agreement.py: the replay runs the same compressors (syncsim.compression), one
     # per worker, and takes the means itself; float64 against the ranks' float32
-    args = RUNS[name]
-    run = real_run(*args)
-    config = run.summary["config"]
-    problem = TorchProblem(model=config["model"], data=config["data"], seed=config["seed"])
-    log = load_log(run.out)
-    replayer = Replayer(log, problem, lr=config["lr"], seed=config["seed"]).run()
+    run = real_run(*RUNS[name])
+    replayer, log, problem = replay(run)
     # one version per synchronising step, as the update log counts them
     assert replayer.version == log.versions and replayer.skipped == 0
     replayed = torch.from_numpy(replayer.parameters()).float()

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Loose: CI machines are shared and timing is noisy; the study's own targets (median 5 %, max 15 %)
 # are for a quiet machine and reported by the full grid, not asserted here.
 LOOSE_MEDIAN, LOOSE_MAX = 0.15, 0.35
-# A straggler under a parameter server is a known miss, in one direction (docs/real.md, "What remains"):
+# A straggler under a parameter server is a known miss, in one direction (docs/log.md, "what remained open"):
 # the simulator keeps the workers in the alternating schedule, the testbed slides them through
 # colliding transfers. Measured on the straggler row at batch 32: -28 %, -29 % (quiet machine), -35 %,
 # -36 % (CI); at the quick preset's batch 256: -5 %, -6 %; with the slowed step measured by the probe
@@ -25,7 +25,7 @@ LOOSE_MEDIAN, LOOSE_MAX = 0.15, 0.35
 KNOWN_STRAGGLER_MIN = -0.5
 # The one-worker row sends nothing: it compares a compute calibration with a compute-only run taken a
 # few seconds apart, and this machine's compute speed wanders between them. Five repeats of the quick
-# preset (python -m studies.repeatability, docs/real.md "Repeatability") measured its step time with a
+# preset (python -m studies.repeatability, docs/log.md "Five repeats") measured its step time with a
 # coefficient of variation of 13 % and its calibration with 12 %, and its error from -43 % to +11 %
 # (median -14 %). Its own bound sits outside that measured range, so it fails on a broken calibration or
 # run (a dropped phase, a unit slip: a factor of two), not on the drift.

@@ -33,6 +33,7 @@ from studies import validation
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.metrics import step_time_spread
 from syncsim.schemes import parse
+from tests.unit.fake_validation import fake_study
 
 # What a compute probe of the small model reports (real.testbed.calibration.measure_compute: its layers are the
 # model's own, whose tensors' shapes the calibration gives the workload), for calibrations with faked probes.
@@ -361,41 +362,10 @@ def test_a_collision_conserves_the_links_work_whatever_the_weight():
     assert newer_first[1] < newer_first[0]
 
 
-def _fake_study(monkeypatch, fail: set):
-    """calibrate gives a fixed cluster; measure 'runs' the simulator itself (or fails for ``fail``)."""
-    calls = []
-
-    def calibrate(config, args):
-        cluster = Cluster.homogeneous(config.world, Link("20MB/s", "100us"), servers=config.servers,
-                                      jitter=0.1)
-        workload = Workload(param_bytes="400kB", compute_time="2ms", batch_size=args.batch_size)
-        return cluster, workload, {"compute_time": 2e-3, "jitter": 0.1}
-
-    def measure(config, args, folder, steps, slow_forward=None):
-        calls.append(config.key)
-        if config.key in fail:
-            raise RuntimeError("rank 1 (worker) failed at step 3: injected")
-        cluster, workload, _ = calibrate(config, args)
-        result = simulate(cluster, workload, config.scheme, steps=steps, seed=1)
-        result.trace.to_csv(folder / "trace.csv", index=False)  # where a real run leaves its trace
-        return (result.steady, step_time_spread(result.trace, validation.SPREAD_WINDOWS, steps, config.world), 0,
-                result.trace)
-
-    def loss_figures(folder, steps):  # a simulated run logs no losses: its comparison is a fixed stand-in
-        assert (folder / "trace.csv").exists() and steps == validation.LOSS_STEPS
-        return {"loss_steps": steps, "loss_rel_median": 1e-7, "loss_rel_max": 2e-6}
-
-    monkeypatch.setattr(validation, "calibrate", calibrate)
-    monkeypatch.setattr(validation, "measure", measure)
-    monkeypatch.setattr(validation, "loss_figures", loss_figures)
-    monkeypatch.setattr("real.testbed.unavailable", lambda: None)
-    return calls
-
-
 def test_rows_failures_summary_figure_and_resume(tmp_path, monkeypatch, capsys):
     configs = validation.quick_grid()
     broken = configs[2].key
-    calls = _fake_study(monkeypatch, fail={broken})
+    calls = fake_study(monkeypatch, fail={broken})
     argv = ["--quick", "--out", str(tmp_path), "--steps", "10", "--steadiness", "2"]
     assert validation.main(argv) == 0
     data = pd.read_csv(tmp_path / "validation.csv", keep_default_na=False, na_values=[""])
@@ -800,7 +770,7 @@ def test_schemes_whose_workers_do_the_same_work_share_one_compute_probe(tmp_path
 
 def test_a_resumed_study_fills_in_the_drift_of_rows_measured_before_it_was_recorded(tmp_path, monkeypatch):
     configs = validation.quick_grid()
-    calls = _fake_study(monkeypatch, fail=set())
+    calls = fake_study(monkeypatch, fail=set())
     argv = ["--quick", "--out", str(tmp_path), "--steps", "20"]
     assert validation.main(argv) == 0
     csv = tmp_path / "validation.csv"
@@ -1242,7 +1212,7 @@ def test_the_summary_gives_the_loss_curves_agreement_and_a_table_by_scheme():
 
 def test_a_resumed_study_compares_the_loss_curves_of_rows_measured_before_they_were(tmp_path, monkeypatch):
     configs = validation.quick_grid()
-    _fake_study(monkeypatch, fail=set())
+    fake_study(monkeypatch, fail=set())
     argv = ["--quick", "--out", str(tmp_path), "--steps", "8", "--steadiness", "0"]
     assert validation.main(argv) == 0
     csv = tmp_path / "validation.csv"
@@ -1254,3 +1224,46 @@ def test_a_resumed_study_compares_the_loss_curves_of_rows_measured_before_they_w
     data = pd.read_csv(csv, keep_default_na=False, na_values=[""]).set_index(list(validation.KEY))
     assert math.isnan(data.loc[configs[0].key, "loss_rel_max"])
     assert (data.loc[[c.key for c in configs[1:]], "loss_rel_max"] == 2e-6).all()
+
+
+# -- the sharded schemes: rows a command line can name, none in the default grid ---------------------
+SHARDED = ("zero:stage=1", "zero:stage=2", "zero:stage=3,precision=bf16", "fsdp", "fsdp:reshard=false")
+
+
+def test_sharded_schemes_are_rows_the_study_accepts_and_none_is_in_the_default_grid(tmp_path):
+    from syncsim.schemes import SHARDED_ACTIONS
+
+    args = validation.parse_args(["--schemes", ",".join(SHARDED), "--worlds", "2", "--bandwidths", "200Mbit/s",
+                                  "--models", "mlp", "--slow", "1", "--out", str(tmp_path / "v")])
+    assert args.schemes == SHARDED  # "precision=bf16" continues the scheme before it
+    configs = validation.configurations(args)  # each checked as its run will be given it (RunConfig)
+    assert [c.scheme for c in configs if not c.baseline] == [str(parse(s)) for s in SHARDED]
+
+    def sharded(scheme):
+        return any(issubclass(kind, SHARDED_ACTIONS) for kind in parse(scheme).policy(4.0).action_types(2))
+
+    assert not any(sharded(c.scheme) for c in validation.grid())
+
+
+@pytest.mark.parametrize("scheme", SHARDED)
+def test_a_sharded_run_is_timed_by_the_all_reduce_of_its_gradient(scheme):
+    from syncsim.schemes import ReduceScatterGradients
+
+    config = validation.Config(scheme, 2, "200Mbit/s", "mlp")
+    spec = parse(scheme)
+    gradient = validation.model_bytes("mlp") * spec.wire_ratio
+    action = validation.sync_action(config)
+    assert isinstance(action, ReduceScatterGradients) and action.nbytes == gradient
+    assert (config.servers, config.link_hosts) == (0, 2)
+    assert validation.message_bytes(config) == gradient
+    assert validation.timed_size(config) == ((wire_bytes(gradient, spec.precision), spec.precision),)
+    assert validation.timed_gather(config) == ()
+    # one worker sends nothing over the links
+    assert validation.timed_size(validation.Config(scheme, 1, "200Mbit/s", "mlp")) == ()
+
+
+def test_a_scheme_the_executor_does_not_run_is_refused_before_any_row_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        validation.parse_args(["--schemes", "zero:stage=1,precision=bf16", "--worlds", "2", "--bandwidths",
+                               "200Mbit/s", "--models", "mlp", "--slow", "1", "--out", str(tmp_path / "v")])
+    assert "ZeroRedundancyOptimizer" in capsys.readouterr().err
