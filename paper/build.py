@@ -69,7 +69,8 @@ def published(results: Path) -> dict:
     bound = data[data["bandwidth_bound"] & data["in_model"]]
     err = bound["rel_error"].abs()
     worst = bound.assign(abs_error=err).nlargest(3, "abs_error")
-    train = data[(data["kind"] == "training-scaling") & data["in_model"] & data["predicted"].notna()]
+    # data-parallel scaling efficiencies (the sharded datasets' tokens/s per GPU are training rows too, another kind)
+    train = data[(data["what"] == "scaling efficiency") & data["in_model"] & data["predicted"].notna()]
     outside = data[~data["in_model"]]
     return {
         "datasets": str(data["dataset"].nunique()), "rows": str(len(data)),
@@ -137,6 +138,8 @@ def scaling(results: Path) -> dict:
     data = pd.read_csv(results / "scaling/scaling.csv")
     top = data[data["gpus"] == data["gpus"].max()]
     speed = top.pivot_table(index=["cluster", "workload"], columns="scheme", values="speedup")
+    # the table's schemes: the large model, which runs only the sharded ones, has no row in it
+    speed = speed[speed.reindex(columns=list(SCALING_COLUMNS)).notna().any(axis=1)]
     auto = data[(data["scheme"] == "allreduce") & (data["gpus"] > 1)]
     switch = auto[auto["algorithms"].fillna("").str.startswith("tree")].groupby(["cluster", "workload"])["gpus"].min()
     rows = []

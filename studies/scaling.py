@@ -13,6 +13,16 @@ GPUs, and writes
 Parameter-server runs get one server host per worker node (at least one), on
 the cluster's inter-node link, so server capacity grows with the cluster.
 
+Sharded data parallelism: the large-model preset ``llama2-7b``
+(6.74e9 parameters, PaLM's FLOPs per token, its activations counted) runs the
+sharded schemes, ZeRO stages 1-3 and FSDP in bf16 mixed precision, next to
+data parallelism with bf16 gradients (``SHARDED_SCHEMES``), on the same
+clusters and GPU counts. Every row carries ``memory_per_gpu`` (peak bytes per
+GPU, syncsim.memory: parameters, gradients, Adam's state, the gathered units,
+activations) and ``fits`` (False where the peak exceeds the GPU's memory, the
+cluster preset's ``gpu_memory``); the printed table gives the large model's
+speedup and GiB per GPU, marking what does not fit.
+
 Time to accuracy: up to 16 GPUs each configuration is also simulated for
 ``REPLAY_STEPS`` steps and replayed on the digits classifier
 (``syncsim.convergence.Digits``, 16 samples per worker per step, the
@@ -48,6 +58,11 @@ SCHEMES = (
 )
 CLUSTERS = ("a100-100g", "h100-400g")
 WORKLOADS = ("lenet", "resnet50", "vgg16", "bert-large", "gpt2")
+# The large model and what trains it: plain data parallelism (16 bytes of state per parameter: it does not fit an
+# 80 GB GPU) against ZeRO's three stages and FSDP, all moving bf16 on the wire (mixed precision).
+SHARDED_WORKLOADS = ("llama2-7b",)
+SHARDED_SCHEMES = ("allreduce:precision=bf16", "zero:stage=1,precision=bf16", "zero:stage=2,precision=bf16",
+                   "zero:stage=3,precision=bf16", "fsdp:precision=bf16")
 
 
 # The time-to-accuracy replay (see the module's docstring).
@@ -87,6 +102,9 @@ class Study:
     jitter: float = 0.05
     replay_gpus: int = REPLAY_MAX_GPUS
     """Replay for time to accuracy up to this many GPUs (0: never)."""
+    sharded_workloads: tuple[str, ...] = SHARDED_WORKLOADS
+    sharded_schemes: tuple[str, ...] = SHARDED_SCHEMES
+    """The large-model grid: these schemes on these workloads, on every cluster and GPU count."""
 
     def __post_init__(self) -> None:
         for g in self.gpus:
@@ -99,13 +117,16 @@ class Study:
                              f"got {self.replay_gpus}")
 
     def runs(self) -> list[Run]:
+        grids = ((self.workloads, self.schemes), (self.sharded_workloads, self.sharded_schemes))
         return [Run(c, w, s, g, self.steps, self.jitter, replay=g <= self.replay_gpus)
-                for c in self.clusters for w in self.workloads for s in self.schemes for g in self.gpus]
+                for workloads, schemes in grids for c in self.clusters for w in workloads for s in schemes
+                for g in self.gpus]
 
 
 def quick() -> Study:
     return Study(gpus=(1, 4, 16, 64), steps=8, workloads=("lenet", "resnet50"),
-                 schemes=("allreduce", "ps:mode=async", "localsgd:period=4"), replay_gpus=1)
+                 schemes=("allreduce", "ps:mode=async", "localsgd:period=4"), replay_gpus=1,
+                 sharded_schemes=("allreduce:precision=bf16", "fsdp:precision=bf16"))
 
 
 def build(run: Run) -> tuple[Cluster, Workload]:
@@ -162,11 +183,42 @@ def plot(csv: Path, out: Path) -> list[Path]:
     return paths
 
 
-def table(data: pd.DataFrame) -> str:
-    top = data[data["gpus"] == data["gpus"].max()]
+def table(data: pd.DataFrame, study: Study | None = None) -> str:
+    study = study or Study()
+    # the CSV names each scheme canonically (zero:stage=1 is "zero", its default stage)
+    sharded = {str(parse(scheme)) for scheme in study.sharded_schemes}
+    large = data["workload"].isin(study.sharded_workloads) & data["scheme"].isin(sharded)
+    top = data[~large & (data["gpus"] == data["gpus"].max())]
     pivot = top.pivot_table(index=["cluster", "workload"], columns="scheme", values="speedup")
     return f"speedup at {int(data['gpus'].max())} GPUs (ideal {int(data['gpus'].max())}):\n" + \
-        pivot.round(1).to_string() + "\n\n" + switches(data)
+        pivot.round(1).to_string() + "\n\n" + switches(data) + "\n\n" + \
+        sharded_table(data[large].replace({"scheme": {str(parse(s)): s for s in study.sharded_schemes}}))
+
+
+# The GPU counts the large-model table shows: one node, then each eightfold, and the largest.
+SHARDED_TABLE_GPUS = (8, 64, 512)
+
+
+def sharded_table(data: pd.DataFrame) -> str:
+    """The large model's speedup over one GPU and peak memory per GPU (GiB), by scheme (as the study spells it) and
+    GPUs; "!" marks a configuration whose peak exceeds the GPU's memory, "?" one whose activations are unknown (its
+    peak then a lower bound)."""
+    if data.empty:
+        return ""
+    shown = sorted({g for g in data["gpus"] if g in SHARDED_TABLE_GPUS} | {int(data["gpus"].max())})
+    part = data[data["gpus"].isin(shown)]
+
+    def cell(r) -> str:
+        mark = "!" if r.fits is False or r.fits == "False" else "" if r.memory_complete else "?"
+        return f"{r.speedup:.1f} x, {r.memory_per_gpu / 2**30:.1f} GiB{mark}"
+
+    cells = part.assign(cell=[cell(r) for r in part.itertuples(index=False)])
+    pivot = cells.pivot_table(index=["cluster", "workload", "scheme"], columns="gpus", values="cell", aggfunc="first")
+    order = list(dict.fromkeys(data["scheme"]))
+    pivot = pivot.reindex(sorted(pivot.index, key=lambda k: (k[0], k[1], order.index(k[2]))))
+    memory = ", ".join(f"{c} {m / 2**30:.1f} GiB" for c, m in data.groupby("cluster")["gpu_memory"].first().items())
+    return (f"large model, sharded schemes: speedup over one GPU, peak memory per GPU (GPU memory: {memory}; "
+            f"! = does not fit)\n" + pivot.to_string())
 
 
 def switches(data: pd.DataFrame) -> str:
@@ -202,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     data = write_csv(rows, csv)
     figures = plot(csv, out)
     trace = telling_trace(out, args.quick)
-    print(table(data))
+    print(table(data, study))
     print(f"\nwrote {csv}, {', '.join(str(f) for f in figures)}, {trace} "
           f"({len(data)} configurations in {time.perf_counter() - started:.1f} s)")
     return 0

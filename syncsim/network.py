@@ -43,7 +43,7 @@ the four-worker synchronous server up to 12 % slow); two workers' pulls
 ended about as far apart as simulated. Its known cost: four asynchronous
 workers of the larger model pushed and pulled 11-16 % faster simulated than
 measured at 50 and 200 Mbit/s, where the newest-only form matched within
-2 % (docs/real.md, "Every flow's own weight"). A weighted link recomputes every
+2 % (docs/log.md, "Every flow's own weight"). A weighted link recomputes every
 flow's rate at each arrival and departure, O(n log n) per event; it is
 meant for a calibrated testbed of a few hosts. w0 = 1 and sigma = 0 (the
 defaults) is exact processor sharing, kept as the virtual-time heap above.

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -10,6 +11,7 @@ from studies import published
 from studies.published import DATA, HOST_STAGED, OUTSIDE, Dataset, bounded, host_staged, load, predict, summary
 from syncsim.schemes import parse
 from syncsim.units import parse_bandwidth
+from syncsim.workload import DECODERS, PEAK_FLOPS, decoder_params, decoder_train_flops_per_token
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,8 @@ def test_every_dataset_states_source_hardware_and_model():
         assert meta["id"] == meta_path.stem and meta_path.with_suffix(".csv").exists()
         assert meta["source"].get("url") or meta["source"].get("repo"), meta["id"]
         rows = pd.read_csv(meta_path.with_suffix(".csv"))
-        predicted = meta["kind"] == "nccl-allreduce" or "single_gpu_images_per_s" in meta["model"]
+        predicted = (meta["kind"] == "nccl-allreduce" or "single_gpu_images_per_s" in meta["model"]
+                     or "compute" in meta["model"])
         # the intra-node component is named wherever a prediction crosses it (one GPU per node crosses none)
         needs_intra = predicted and (rows["gpus_per_node"] > 1).any()
         assert meta["hardware"]["gpus_per_node"], meta["id"]
@@ -188,7 +191,7 @@ def test_summary_gives_every_excluded_dataset_its_headline(predictions):
     assert shown == set(outside["dataset"]) and {"hkbu-2080ti-8x4-1ib100", "hkbu-2080ti-8x4-1x10gbe"} <= shown
 
 
-# -- schemes beyond all-reduce (issue 35 item 7): DiLoCo, local SGD, PowerSGD measured on stated hardware -------
+# -- schemes beyond all-reduce : DiLoCo, local SGD, PowerSGD measured on stated hardware -------
 NEW_SCHEME_DATASETS = {
     "dilocomeasured-diloco-l40s-4x1-tcshaped": 16, "dilocomeasured-localsgd-l40s-4x1-tcshaped": 16,
     "intellect1-diloco-h100x8-internet": 3, "opendiloco-1b-h100x8-internet": 1,
@@ -241,7 +244,7 @@ def test_a_row_scheme_and_link_rate_reach_the_simulator():
     assert published.sync_period("localsgd:period=32") == 32 and published.sync_period("topk:ratio=0.01") == 1
 
 
-# -- sharded data parallelism (issue 36 item 6): FSDP and ZeRO throughput measured on stated clusters ------------------
+# -- sharded data parallelism : FSDP and ZeRO throughput measured on stated clusters ------------------
 SHARDED_DATASETS = {
     "torchtitan-llama31-8b-h100-grandteton": 6, "trainy-llama31-8b-h200-fp8allgather": 2,
     "torchtitan-llama-a100x64-unknownlink": 8, "llmfoundry-mpt-a100-40gb-roce1600": 39,
@@ -257,6 +260,10 @@ def schemes_of(ds: Dataset) -> set[str]:
     return rows | ({ds.model["scheme"]} if ds.model.get("scheme") else set())
 
 
+SHARDED_PREDICTED = {"torchtitan-llama31-8b-h100-grandteton", "trainy-llama31-8b-h200-fp8allgather",
+                     "fsdp-qwen7b-ndh100v5-8x400ib", "fsdp-qwen7b-ndh100v5-tcp-frontend"}
+
+
 @pytest.mark.parametrize("name, count", sorted(SHARDED_DATASETS.items()))
 def test_sharded_datasets_load_and_name_their_source(name, count):
     ds = by_id(name)
@@ -265,13 +272,15 @@ def test_sharded_datasets_load_and_name_their_source(name, count):
     assert ds.source.startswith("https://") and src["title"] and src["where"] and src["quote"] and src["date"]
     if src.get("repo"):  # a repository file is cited at the commit its rows were read from
         assert len(src["commit"]) == 40 and src["commit"] in src["url"] and src["path"]
-    # every row ran a sharded scheme in the grammar's spelling: zero:stage=N or fsdp:reshard=true|false
+    # every row ran a sharded scheme in the grammar: zero:stage=N or fsdp:reshard=true|false (with its precision)
     assert ds.rows["scheme"].notna().all()
-    assert schemes_of(ds) <= {"fsdp:reshard=true", "fsdp:reshard=false", "zero:stage=1", "zero:stage=2", "zero:stage=3"}
-    # the hardware as stated, and what a prediction still needs
+    for scheme in schemes_of(ds):
+        assert re.fullmatch(r"(fsdp:reshard=(true|false)|zero:stage=[123])(,precision=(bf16|fp16))?", scheme), scheme
+        assert parse(scheme).name in published.SHARDED_SCHEMES
+    # the hardware as stated, and either the rule's inputs (model.compute) or why there is no prediction
     assert ds.hardware["gpu"] and ds.hardware["nic"] and isinstance(ds.hardware["intra"], str)
-    assert ds.model["no_prediction"] and ds.model["missing"] and ds.model["measured"]
-    assert any("sharded scheme" in m for m in ds.model["missing"])
+    assert ds.model["measured"] and (("compute" in ds.model) != bool(ds.model.get("no_prediction")))
+    assert ("compute" in ds.model) == (name in SHARDED_PREDICTED)
     # every derived column is named in the assumptions; a row's measured figure is in the CSV as printed
     measured = [c for c in ds.rows.columns if c.endswith("_as_printed")]
     assert measured and ds.rows[measured].notna().any(axis=1).all()
@@ -296,33 +305,103 @@ def test_sharded_tables_are_copied_consistently():
         derived = r["tokens_per_s_per_gpu"] * r["gpus"] / r["seq_len"]
         assert ((r["throughput_samples_per_s"] / derived - 1).abs() < 1e-5).all(), name
         assert (r["nodes"] * r["gpus_per_node"] == r["gpus"]).all(), name
+    # the technique is the printed table's Techniques column
+    r = by_id("torchtitan-llama31-8b-h100-grandteton").rows
+    assert (r["configuration"].str.split(": ").str[1] == r["technique"]).all()
 
 
 def test_sharded_rows_are_predicted_or_carry_a_reason(predictions):
-    for name, count in SHARDED_DATASETS.items():
+    for name in sorted(set(SHARDED_DATASETS) | SHARDED_PREDICTED):
         ds, rows = by_id(name), predictions[predictions["dataset"] == name]
-        assert len(rows) == count, name
+        assert len(rows) == len(ds.rows) and (rows["what"] == published.SHARDED_WHAT).all(), name
         assert set(rows["scheme"]) == schemes_of(ds), name
-        for r in rows.itertuples(index=False):
-            assert (math.isfinite(r.predicted) and r.predicted > 0) or r.no_prediction, name
-            assert r.in_model or r.reason, name
-        if published.awaiting_schemes(ds.model, ds.rows):  # until the simulator has the scheme: the temporary reason
-            assert (rows["no_prediction"] == published.AWAITS_SHARDED).all(), name
-            assert rows["reason"].str.contains(published.AWAITS_SHARDED, regex=False).all(), name
-            assert rows["predicted"].isna().all(), name
+        assert rows["in_model"].all() or rows["reason"].all(), name
+        if "compute" in ds.model:  # every row simulated; one calibration row per technique
+            assert (rows["predicted"] > 0).all() and (rows["no_prediction"] == "").all(), name
+            techniques = ds.rows["technique"].nunique() if "technique" in ds.rows else 1
+            assert rows["calibration"].sum() == techniques, name
+        else:
+            assert rows["predicted"].isna().all() and (rows["no_prediction"] == ds.model["no_prediction"]).all(), name
 
 
-def test_awaiting_the_sharded_schemes_is_a_computed_temporary_reason(monkeypatch):
-    # never a JSON label, and only for the sharded schemes: no other dataset carries it
-    assert "awaits-sharded-schemes" not in OUTSIDE
-    for ds in load():
-        sharded = any(s.split(":")[0] in published.SHARDED_SCHEMES for s in schemes_of(ds))
-        if not sharded:
-            assert published.AWAITS_SHARDED not in (ds.outside_model() or ""), ds.id
-    assert published.awaiting_schemes({"scheme": "allreduce"}, pd.DataFrame({"scheme": ["diloco:period=8"]})) == []
-    # once the scheme parses the reason goes by itself, and the rows fall to the dataset's own no_prediction
+# -- the compute-time rule for sharded datasets: FLOPs / (peak x one efficiency calibrated on the smallest row) -----
+def test_sharded_rule_calibrates_each_technique_on_its_smallest_row(predictions):
     ds = by_id("torchtitan-llama31-8b-h100-grandteton")
-    monkeypatch.setattr(published, "awaiting_schemes", lambda model, rows: [])
-    assert published.AWAITS_SHARDED not in (ds.outside_model() or "")
-    rows = published.training_rows(ds)
-    assert len(rows) == 6 and {r["no_prediction"] for r in rows} == {ds.model["no_prediction"]}
+    rows = predictions[predictions["dataset"] == ds.id].reset_index(drop=True)
+    # the 8-GPU row of each technique calibrates it; the 128-GPU row of the same technique shares its efficiency
+    assert published.calibration_rows(ds.rows) == {"FSDP": 0, "FSDP + torch.compile": 1,
+                                                     "FSDP + torch.compile + Float8": 2}
+    assert list(rows["calibration"]) == [True] * 3 + [False] * 3
+    assert list(rows["compute_efficiency"][:3]) == list(rows["compute_efficiency"][3:])
+    # e is the calibration row's model-FLOP utilisation: tokens/s x 6N + 12LHQT over the datasheet peak; the source
+    # states "33% to 39% MFU" against the SXM peak for these runs
+    flops = decoder_train_flops_per_token("llama3.1-8b", 8192)
+    assert rows["compute_efficiency"][0] == pytest.approx(5762 * flops / PEAK_FLOPS["H100-SXM"])
+    assert [round(e, 2) for e in rows["compute_efficiency"][:2]] == [0.34, 0.39]
+    # calibration rows are reported but never counted
+    assert not bounded(rows.assign(bandwidth_bound=True))["calibration"].any()
+
+
+def test_the_peak_cancels_and_no_row_tunes_its_own_efficiency(monkeypatch):
+    ds = by_id("fsdp-qwen7b-ndh100v5-8x400ib")
+    before = published.sharded_rows(ds)
+    monkeypatch.setitem(published.PEAK_FLOPS, "H100-SXM", 2 * published.PEAK_FLOPS["H100-SXM"])
+    after = published.sharded_rows(ds)
+    # a peak twice as high halves the calibrated efficiency and leaves every prediction as it was
+    assert [a["compute_efficiency"] for a in after] == pytest.approx([b["compute_efficiency"] / 2 for b in before])
+    assert [a["predicted"] for a in after] == pytest.approx([b["predicted"] for b in before], rel=1e-9)
+    # a row's measurement reaches its prediction only through the calibration row: changing a predicted row's
+    # measured throughput changes its error, never its prediction
+    changed = ds.rows.copy()
+    changed.loc[3, "throughput_samples_per_s"] *= 0.5
+    moved = published.sharded_rows(Dataset(ds.id, ds.meta, changed))
+    assert [m["predicted"] for m in moved] == pytest.approx([b["predicted"] for b in before], rel=1e-9)
+    assert moved[3]["measured"] == pytest.approx(before[3]["measured"] / 2)
+
+
+def test_the_flop_count_reproduces_the_mfu_the_sources_state():
+    # torchtitan's 2024 table (64 A100, MFU against 312 TFLOPS) counted the input embedding in N as well: with it,
+    # our parameter counts and 6N + 12LHQT give every printed MFU to its printed 0.1 %
+    ds = by_id("torchtitan-llama-a100x64-unknownlink")
+    names = {"Llama 3 8B": "llama3.1-8b", "Llama 3 70B": "llama3-70b", "Llama 2 13B": "llama2-13b",
+             "Llama 2 70B": "llama2-70b"}
+    for r in ds.rows.itertuples(index=False):
+        decoder = DECODERS[names[r.model]]
+        flops = decoder_train_flops_per_token(names[r.model], r.seq_len) + 6 * decoder["vocab"] * decoder["hidden"]
+        mfu = r.tokens_per_s_per_gpu * flops / PEAK_FLOPS["A100"]
+        assert round(100 * mfu, 1) == float(r.mfu_percent_as_printed.rstrip("%")), r.configuration
+    # the published parameter counts: Llama 3.1 8B 8,030,261,248; Qwen2.5-7B 7.61B (6.53B without embeddings)
+    assert decoder_params("llama3.1-8b") == 8_030_261_248
+    assert decoder_params("qwen2.5-7b") == 7_615_616_512
+    assert decoder_params("llama2-7b") == 6_738_415_616 and decoder_params("llama2-70b") == 68_976_648_192
+
+
+def test_sharded_rows_meet_the_published_throughput_targets(predictions):
+    # the targets on throughput where the source states the hardware: median |error| <= 10 %, max <= 25 %,
+    # over the rows inside the model that no efficiency was calibrated on
+    sharded = predictions[(predictions["what"] == published.SHARDED_WHAT) & predictions["in_model"]
+                          & ~published.calibrating(predictions) & predictions["predicted"].notna()]
+    assert len(sharded) >= 6 and sharded["dataset"].nunique() >= 2
+    errors = sharded["rel_error"].abs()
+    assert errors.median() <= 0.10 and errors.max() <= 0.25
+
+
+def test_a_sharded_dataset_states_the_rules_inputs_or_why_not():
+    ds = by_id("torchtitan-llama31-8b-h100-grandteton")
+    bare = {key: value for key, value in ds.model.items() if key != "compute"}
+    with pytest.raises(ValueError, match="model.compute"):
+        published.sharded_rows(Dataset(ds.id, ds.meta | {"model": bare}, ds.rows))
+    # two rows at the smallest scale of one technique: no single calibration row, refused
+    with pytest.raises(ValueError, match="must be one row"):
+        published.calibration_rows(ds.rows.assign(technique="FSDP"))
+
+
+def test_the_summary_leaves_calibration_rows_out():
+    rows = frame(("s", published.SHARDED_WHAT, 0.0, False, "", ""), ("s", published.SHARDED_WHAT, 0.04, False, "", ""),
+                 ("s", published.SHARDED_WHAT, -0.02, False, "", ""))
+    rows = rows.assign(calibration=[True, False, False], compute_efficiency=0.4)
+    lines = summary(rows).splitlines()
+    assert ("sharded (FSDP/ZeRO) tokens/s per GPU, in-model rows, calibration rows not counted: median |error| 3.0%, "
+            "max 4.0% over 2 rows of 1 dataset") in lines
+    assert any(line.startswith("  s: median error +1.0%, max |error| 4.0% over its 2 rows; compute efficiency 40.0%")
+               for line in lines)

@@ -20,7 +20,27 @@ def test_scaling_quick_writes_csv_figures_and_trace(tmp_path, capsys):
         assert (tmp_path / figure).stat().st_size > 10_000
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {"compute", "push", "pull", "wait"}
-    assert "speedup at 64 GPUs" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "speedup at 64 GPUs" in out
+    # the large model on the sharded schemes, with its memory per GPU: data parallelism does not fit, FSDP does
+    large = data[data["workload"] == "llama2-7b"]
+    assert len(large) == len(study.clusters) * len(study.sharded_schemes) * len(study.gpus)
+    assert (large["memory_per_gpu"] > 0).all() and large["memory_complete"].all()
+    assert not large.loc[large["scheme"] == "allreduce:precision=bf16", "fits"].astype(bool).any()
+    assert large.loc[(large["scheme"] == "fsdp:precision=bf16") & (large["gpus"] >= 4), "fits"].astype(bool).all()
+    assert "large model, sharded schemes" in out and "119.7 GiB!" in out
+
+
+def test_scaling_table_gives_the_large_models_memory_and_marks_what_does_not_fit():
+    study = scaling.Study(gpus=(8,), steps=4, workloads=(), schemes=(), replay_gpus=0, clusters=("h100-400g",))
+    rows = pd.DataFrame([scaling.simulate_run(run) for run in study.runs()])
+    lines = scaling.table(rows, study).splitlines()
+    by_scheme = {next(t for t in line.split() if t in study.sharded_schemes): line for line in lines if " x, " in line}
+    # state per GPU: 16 bytes per parameter for data parallelism (119.7 GiB), 16/8 sharded over 8 GPUs plus the
+    # gathered units and the 19.3 GiB of activations for FSDP
+    assert by_scheme["allreduce:precision=bf16"].endswith("119.7 GiB!")
+    assert by_scheme["fsdp:precision=bf16"].endswith("33.0 GiB")
+    assert "zero:stage=1,precision=bf16" in by_scheme  # spelt as the study names it, not canonically ("zero:...")
 
 
 def test_scaling_rejects_bad_jobs(capsys):
