@@ -131,9 +131,8 @@ def run_side_by_side(args, tmp: str) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def main(argv: list[str] | None = None) -> int:
-    from real.config import DATA, MODELS, RunConfig
-    from real.run import RANK_BYTES
+def parser() -> ArgumentParser:
+    from real.config import DATA, MODELS
 
     ap = ArgumentParser(prog="python -m real.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="lenet", choices=MODELS)
@@ -147,57 +146,75 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--byte-steps", type=integer, default=8)
     ap.add_argument("--skip-bytes", action="store_true")
     ap.add_argument("--side-by-side", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def check(args: argparse.Namespace) -> None:
+    """Every run this benchmark makes, checked as real.run would before any rank starts."""
+    from real.config import RunConfig
+    from real.run import RANK_BYTES
+
+    check_count("--steps", args.steps, 5)
+    check_count("--repeats", args.repeats, 1, MAX_REPEATS)
+    check_count("--byte-steps", args.byte_steps, 1)
+    for flag, steps in (("--steps", args.steps + 1), ("--byte-steps", args.byte_steps)):
+        try:
+            RunConfig(world=args.world, model=args.model, data=args.data, steps=steps, batch_size=args.batch_size,
+                      lr=args.lr, seed=args.seed, out=tempfile.gettempdir())
+        except ValueError as err:
+            raise ValueError(f"{err} (from {flag})" if "RunConfig.steps" in str(err) else str(err)) from None
+    servers = max(servers for _, servers in BYTE_SCHEMES)
+    check_memory("real.bench", args.world + servers, "ranks on this machine", RANK_BYTES, "lower --world")
+
+
+def print_throughput(args: argparse.Namespace, times: dict) -> None:
+    executor, plain = times["executor"], times["plain"]
+    ex, pl = statistics.median(executor), statistics.median(plain)
+    samples = args.world * args.batch_size
+    print(f"\nreal.bench: throughput, {args.model} on {args.world} gloo ranks, batch {args.batch_size}/worker, "
+          f"{args.steps} steps, median of {args.repeats}")
+    print(f"  plain DDP loop      {samples / pl:9.1f} samples/s  ({pl * 1e3:.2f} ms/step; runs "
+          + ", ".join(f"{t * 1e3:.2f}" for t in plain) + ")")
+    print(f"  real executor       {samples / ex:9.1f} samples/s  ({ex * 1e3:.2f} ms/step; runs "
+          + ", ".join(f"{t * 1e3:.2f}" for t in executor) + ")")
+    print(f"  ratio executor/plain = {pl / ex:.3f}  (goal >= 0.95)")
+
+
+def compare_bytes(args: argparse.Namespace, tmp: str) -> None:
+    """Each byte scheme's payload per worker per step, the executor's count against the simulator's."""
+    import real.models
+    from syncsim.schemes import parse
+
+    model = real.models.build(args.model, args.seed)
+    layers = real.models.param_layers(model)
+    print(f"\nreal.bench: payload bytes per worker per step, {args.model} ({sum(layers) / 1e6:.3f} MB fp32), "
+          f"{args.byte_steps} steps")
+    print(f"  {'scheme':48s} {'servers':>7s} {'executor':>12s} {'simulator':>12s} {'diff':>8s}")
+    worst = 0.0
+    for scheme, servers in BYTE_SCHEMES:
+        summary = run_executor(scheme, servers, args, os.path.join(tmp, "bytes"), args.byte_steps)
+        policy = parse(scheme).policy(sum(layers), layers=layers)
+        sim = policy.wire_bytes(args.byte_steps) / args.byte_steps
+        got = summary["bytes_per_worker_step"]
+        diff = (got - sim) / sim
+        worst = max(worst, abs(diff))
+        print(f"  {scheme:48s} {servers:7d} {got:12.0f} {sim:12.0f} {diff:+8.3%}")
+    print(f"  largest difference {worst:.3%}  (goal <= 1%)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.side_by_side:
         side_by_side(args)
         return 0
     try:
-        # every run this benchmark makes, checked as real.run would before any rank starts
-        check_count("--steps", args.steps, 5)
-        check_count("--repeats", args.repeats, 1, MAX_REPEATS)
-        check_count("--byte-steps", args.byte_steps, 1)
-        for flag, steps in (("--steps", args.steps + 1), ("--byte-steps", args.byte_steps)):
-            try:
-                RunConfig(world=args.world, model=args.model, data=args.data, steps=steps, batch_size=args.batch_size,
-                          lr=args.lr, seed=args.seed, out=tempfile.gettempdir())
-            except ValueError as err:
-                raise ValueError(f"{err} (from {flag})" if "RunConfig.steps" in str(err) else str(err)) from None
-        servers = max(servers for _, servers in BYTE_SCHEMES)
-        check_memory("real.bench", args.world + servers, "ranks on this machine", RANK_BYTES, "lower --world")
+        check(args)
     except ValueError as err:
         return fail("real.bench", err)
-    import real.models
-    from syncsim.schemes import parse
-
     with tempfile.TemporaryDirectory() as tmp:
-        times = run_side_by_side(args, tmp)
-        executor, plain = times["executor"], times["plain"]
-        ex, pl = statistics.median(executor), statistics.median(plain)
-        samples = args.world * args.batch_size
-        print(f"\nreal.bench: throughput, {args.model} on {args.world} gloo ranks, batch {args.batch_size}/worker, "
-              f"{args.steps} steps, median of {args.repeats}")
-        print(f"  plain DDP loop      {samples / pl:9.1f} samples/s  ({pl * 1e3:.2f} ms/step; runs "
-              + ", ".join(f"{t * 1e3:.2f}" for t in plain) + ")")
-        print(f"  real executor       {samples / ex:9.1f} samples/s  ({ex * 1e3:.2f} ms/step; runs "
-              + ", ".join(f"{t * 1e3:.2f}" for t in executor) + ")")
-        print(f"  ratio executor/plain = {pl / ex:.3f}  (goal >= 0.95)")
-        if args.skip_bytes:
-            return 0
-        model = real.models.build(args.model, args.seed)
-        layers = real.models.param_layers(model)
-        print(f"\nreal.bench: payload bytes per worker per step, {args.model} ({sum(layers) / 1e6:.3f} MB fp32), "
-              f"{args.byte_steps} steps")
-        print(f"  {'scheme':48s} {'servers':>7s} {'executor':>12s} {'simulator':>12s} {'diff':>8s}")
-        worst = 0.0
-        for scheme, servers in BYTE_SCHEMES:
-            summary = run_executor(scheme, servers, args, os.path.join(tmp, "bytes"), args.byte_steps)
-            policy = parse(scheme).policy(sum(layers), layers=layers)
-            sim = policy.wire_bytes(args.byte_steps) / args.byte_steps
-            got = summary["bytes_per_worker_step"]
-            diff = (got - sim) / sim
-            worst = max(worst, abs(diff))
-            print(f"  {scheme:48s} {servers:7d} {got:12.0f} {sim:12.0f} {diff:+8.3%}")
-        print(f"  largest difference {worst:.3%}  (goal <= 1%)")
+        print_throughput(args, run_side_by_side(args, tmp))
+        if not args.skip_bytes:
+            compare_bytes(args, tmp)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 from functools import cached_property
+from typing import NamedTuple
 
 from syncsim.arguments import ArgumentParser, integer, number
 from syncsim.config import check_bool, check_choice, check_float, check_int
@@ -19,7 +20,7 @@ from syncsim.files import check_out_dir
 from syncsim.limits import MAX_GPUS, RUN_BYTES_PER_RANK_STEP, check_memory
 from syncsim.schemes import parse
 
-__all__ = ["RunConfig", "MODELS", "DATA", "parser", "needs_servers"]
+__all__ = ["RunConfig", "Slowdown", "Failure", "MODELS", "DATA", "parser", "needs_servers"]
 
 MODELS = ("lenet", "mlp", "mlp-large")
 DATA = ("synthetic", "digits")
@@ -33,6 +34,23 @@ MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 # What one sample costs a rank at most (input, activations and their gradients, for the models
 # in real.models: LeNet's 28x28 input makes about 20k activations): 256 KiB is a generous bound.
 SAMPLE_BYTES = 256 * 2**10
+
+
+class Slowdown(NamedTuple):
+    """One ``--slow`` entry, RANK:FACTOR[:FORWARD] (RunConfig.slow)."""
+
+    rank: int
+    factor: float
+    forward: float | None = None
+    """Seconds of the forward the rank's sleep is sized from; None: its own forward, timed warm."""
+
+
+class Failure(NamedTuple):
+    """One ``--fail`` entry, RANK:STEP[:crash|hang] (RunConfig.fail)."""
+
+    rank: int
+    step: int
+    mode: str = "crash"
 
 
 def needs_servers(scheme, steps: int = 2) -> bool:
@@ -75,11 +93,11 @@ def _as_float(value: object) -> float:
     return number(value) if isinstance(value, str) else check_float("RunConfig", "factor", value)
 
 
-def _one_entry_per_rank(owner: str, items: tuple, verb: str) -> None:
+def _one_entry_per_rank(owner: str, entries: tuple, given: tuple, verb: str) -> None:
     """Refuse a rank given twice in ``--slow`` or ``--fail``: it would follow one entry and silently drop the
-    other (a rank is slowed by one factor and fails once)."""
-    if len({item[0] for item in items}) < len(items):
-        raise ValueError(f"RunConfig.{owner}: a rank is {verb} twice in {items!r}; give each rank once")
+    other (a rank is slowed by one factor and fails once). ``given``: the entries as given, for the message."""
+    if len({entry.rank for entry in entries}) < len(entries):
+        raise ValueError(f"RunConfig.{owner}: a rank is {verb} twice in {given!r}; give each rank once")
 
 
 _FORMS = {"slow": "RANK:FACTOR[:FORWARD] (e.g. 1:3, or 1:3:0.005)", "fail": "RANK:STEP[:crash|hang] (e.g. 1:5)"}
@@ -110,9 +128,11 @@ class RunConfig:
     """((rank, factor[, forward]), ...): that rank computes ``factor`` times slower. After each forward it
     sleeps (factor - 1) x real.executor.COMPUTE_PER_FORWARD x ``forward`` seconds; without ``forward`` the
     rank times its own forward, warm, at its first step. A calibration that timed the slowed rank gives
-    the forward it used, so that the run it predicts sleeps exactly as long (real.testbed.calibration)."""
+    the forward it used, so that the run it predicts sleeps exactly as long (real.calibration.compute_probe).
+    Read by name as ``slowdowns`` (Slowdown records)."""
     fail: tuple = ()
-    """((rank, step[, "crash"|"hang"]), ...): that rank dies (or hangs) when it reaches ``step``."""
+    """((rank, step[, "crash"|"hang"]), ...): that rank dies (or hangs) when it reaches ``step``. Read by name
+    as ``failures`` (Failure records)."""
     amp: bool = False
     """Forward/backward under autocast (also switched on by ``amp=true`` in the scheme)."""
     timeout: float = 30.0
@@ -144,6 +164,21 @@ class RunConfig:
         object.__setattr__(self, "timeout", check_float(owner, "timeout", self.timeout, low=1.0, high=MAX_TIMEOUT))
         check_choice(owner, "backend", self.backend, BACKENDS)
         check_choice(owner, "device", self.device, DEVICES)
+        self._check_servers()
+        self._check_sharded()
+        self._check_backend()
+        # stored as given (2 or 3 fields an entry), the form to_argv writes and summary.json records
+        object.__setattr__(self, "slow", _pairs("slow", self.slow, (_as_int, _as_float, _as_float), need=2))
+        object.__setattr__(self, "fail", _pairs("fail", self.fail, (_as_int, _as_int, str), need=2))
+        self._check_slowdowns()
+        self._check_failures()
+        object.__setattr__(self, "amp", check_bool(owner, "amp", self.amp))
+        for flag in ("record_checksums", "save_params"):
+            object.__setattr__(self, flag, check_bool(owner, flag, getattr(self, flag)))
+        # last: the one check that touches the file system, once every other option is known good
+        check_out_dir(self.out, "RunConfig.out")
+
+    def _check_servers(self) -> None:
         pushes = needs_servers(self.spec, self.steps)
         if pushes and self.servers < 1:
             raise ValueError(f"RunConfig.servers: scheme {self.scheme!r} pushes to parameter servers; "
@@ -151,7 +186,8 @@ class RunConfig:
         if not pushes and self.servers:
             raise ValueError(f"RunConfig.servers: scheme {self.scheme!r} uses no parameter servers; "
                              f"drop --servers (got {self.servers})")
-        self._check_sharded()
+
+    def _check_backend(self) -> None:
         if self.device == "cuda" or self.backend == "nccl":
             import torch
 
@@ -160,32 +196,27 @@ class RunConfig:
                                  "and torch.cuda.is_available() is False here; use --backend gloo --device cpu")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("RunConfig.backend: nccl moves CUDA tensors only; add --device cuda")
-        slow = _pairs("slow", self.slow, (_as_int, _as_float, _as_float), need=2)
-        fail = _pairs("fail", self.fail, (_as_int, _as_int, str), need=2)
-        for rank, factor, *forward in slow:
+
+    def _check_slowdowns(self) -> None:
+        for entry in self.slowdowns:
+            rank = entry.rank
             self._check_rank("slow", rank)
-            check_float(owner, f"slow[{rank}]", factor, low=1.0, high=MAX_SLOW)
-            if forward and rank >= self.world:
+            check_float("RunConfig", f"slow[{rank}]", entry.factor, low=1.0, high=MAX_SLOW)
+            if entry.forward is not None and rank >= self.world:
                 raise ValueError(f"RunConfig.slow[{rank}]: rank {rank} is a server, which runs no forward to size "
                                  f"its sleep from (a slowed server takes FACTOR times its work); give RANK:FACTOR")
-            if forward:  # a forward pass of over a minute is no straggler's sleep to emulate
-                check_float(owner, f"slow[{rank}].forward", forward[0], low=0.0, high=MAX_FORWARD)
-        _one_entry_per_rank("slow", slow, "slowed")
-        for item in fail:
-            self._check_rank("fail", item[0])
-            check_int(owner, f"fail[{item[0]}].step", item[1], 0)
-            if item[1] >= self.steps:
-                raise ValueError(f"RunConfig.fail: step {item[1]} is past the last step ({self.steps - 1})")
-            if len(item) > 2:
-                check_choice(owner, "fail mode", item[2], FAIL_MODES)
-        _one_entry_per_rank("fail", fail, "named")
-        object.__setattr__(self, "slow", slow)
-        object.__setattr__(self, "fail", fail)
-        object.__setattr__(self, "amp", check_bool(owner, "amp", self.amp))
-        for flag in ("record_checksums", "save_params"):
-            object.__setattr__(self, flag, check_bool(owner, flag, getattr(self, flag)))
-        # last: the one check that touches the file system, once every other option is known good
-        check_out_dir(self.out, "RunConfig.out")
+            if entry.forward is not None:  # a forward pass of over a minute is no straggler's sleep to emulate
+                check_float("RunConfig", f"slow[{rank}].forward", entry.forward, low=0.0, high=MAX_FORWARD)
+        _one_entry_per_rank("slow", self.slowdowns, self.slow, "slowed")
+
+    def _check_failures(self) -> None:
+        for entry in self.failures:
+            self._check_rank("fail", entry.rank)
+            check_int("RunConfig", f"fail[{entry.rank}].step", entry.step, 0)
+            if entry.step >= self.steps:
+                raise ValueError(f"RunConfig.fail: step {entry.step} is past the last step ({self.steps - 1})")
+            check_choice("RunConfig", "fail mode", entry.mode, FAIL_MODES)
+        _one_entry_per_rank("fail", self.failures, self.fail, "named")
 
     def _check_sharded(self) -> None:
         """What real.sharded does not run, refused before any rank starts (docs/memory.md, "Running sharded
@@ -232,18 +263,26 @@ class RunConfig:
     def use_amp(self) -> bool:
         return self.amp or self.spec.amp
 
+    @cached_property
+    def slowdowns(self) -> tuple[Slowdown, ...]:
+        """``slow``'s entries by name."""
+        return tuple(Slowdown(*entry) for entry in self.slow)
+
+    @cached_property
+    def failures(self) -> tuple[Failure, ...]:
+        """``fail``'s entries by name."""
+        return tuple(Failure(*entry) for entry in self.fail)
+
     def slow_factor(self, rank: int) -> float:
-        return next((item[1] for item in self.slow if item[0] == rank), 1.0)
+        return next((entry.factor for entry in self.slowdowns if entry.rank == rank), 1.0)
 
     def slow_forward(self, rank: int) -> float | None:
         """The forward time (seconds) ``rank``'s sleep is sized from, when the config gives it."""
-        return next((item[2] for item in self.slow if item[0] == rank and len(item) > 2), None)
+        return next((entry.forward for entry in self.slowdowns if entry.rank == rank), None)
 
     def failure(self, rank: int) -> tuple[int, str] | None:
-        for item in self.fail:
-            if item[0] == rank:
-                return item[1], (item[2] if len(item) > 2 else "crash")
-        return None
+        """(step, mode) at which ``rank`` fails, or None."""
+        return next(((entry.step, entry.mode) for entry in self.failures if entry.rank == rank), None)
 
     # -- command line -------------------------------------------------------------
     @classmethod

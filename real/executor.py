@@ -13,7 +13,7 @@ AllReduceGradients) but never at the scheme's type.
 - AverageParameters: torch's ``PeriodicModelAverager`` (period 1: the policy,
   not the averager, decides when) in fp32; in fp16/bf16 the flat parameters
   are cast, all-reduced and cast back, since torch's averager has no compression.
-- Push / WaitForClock / Pull: real.server.Client.
+- Push / WaitForClock / Pull: real.pushing, over real.server.Client.
 - LocalUpdate: the action's optimiser: "sgd" (the run's SGD) or "adamw"
   (torch.optim.AdamW with the run's lr and torch's defaults), each keeping its
   own state over the run.
@@ -45,13 +45,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from real.compressed import CompressedHandlers
 from real.heartbeat import Quiet
-from real.hooks import WIRE_DTYPES, CountingHookState, counting_hook
+from real.hooks import CountingHookState, counting_hook
 from real.models import flat_params, param_layers, param_shapes, whole
-from real.server import Client
+from real.pushing import PushPullHandlers
 from real.sharded import ShardedHandlers
 from real.trace import Recorder
+from real.wire import WIRE_DTYPES, value_bytes
 from syncsim.schemes import (
-    SERVER_ACTIONS,
     AllGatherParameters,
     AllReduceGradients,
     AverageParameters,
@@ -98,12 +98,12 @@ def checksum(model: torch.nn.Module) -> str:
     return hashlib.sha256(flat_params(model).cpu().numpy().tobytes()).hexdigest()[:16]
 
 
-class Executor(CompressedHandlers, ShardedHandlers):
+class Executor(CompressedHandlers, ShardedHandlers, PushPullHandlers):
     def __init__(self, cfg, rank: int, model: torch.nn.Module, data, device: torch.device,
                  workers_group, recorder: Recorder, heartbeat=None, client=None):
         """``client``: the parameter-server client of a plan that pushes and pulls (real.server.Client over
         the run's process group unless one is given: the compute calibration gives one whose network
-        costs nothing, real.testbed.calibration)."""
+        costs nothing, real.calibration.compute_probe)."""
         self.cfg, self.rank, self.worker = cfg, rank, rank
         self.spec = cfg.spec
         self.model, self.data, self.device = model, data, device
@@ -136,17 +136,49 @@ class Executor(CompressedHandlers, ShardedHandlers):
         actions = self.policy.actions(cfg.steps)
         kinds = {type(a) for a in actions}
         self._setup_amp(applies_locally=bool(kinds & {AllReduceGradients, LocalUpdate}))
-        self.net: torch.nn.Module = model
+        self._setup_ddp(actions)
+        self._setup_averager(kinds)
+        self._setup_client(kinds, client)
+        self._setup_local_optimizers(actions)
+        self._setup_compressors(actions)
+        self._setup_outer(actions)
+        self._setup_sharded(actions)  # last: FSDP2 replaces the model's parameters, and the optimizer with them
+        self.final_checksum: str | None = None
+        self.handlers = self._handlers()
+
+    def _handlers(self) -> dict:
+        """One handler per action type (docs/architecture.md, "The actions")."""
+        return {
+            Compute: self.compute, AllReduceGradients: self.allreduce, LocalUpdate: self.local_update,
+            AverageParameters: self.average, Push: self.push, WaitForClock: self.wait, Pull: self.pull,
+            LowRankAllReduce: self.low_rank, SparseAllGather: self.sparse_allgather, OuterStep: self.outer_step,
+            ReduceScatterGradients: self.reduce_scatter, ShardedOptimizerStep: self.sharded_step,
+            AllGatherParameters: self.gather_parameters,
+        }
+
+    def _setup_ddp(self, actions) -> None:
+        """The model under DDP with the counting hook when the plan all-reduces gradients, else as it is."""
+        self.net: torch.nn.Module = self.model
         self.hook_state = None
-        if AllReduceGradients in kinds:
-            # the bucket cap comes from the plan's own action, whichever scheme emitted it
-            bucket = next(a for a in actions if isinstance(a, AllReduceGradients)).bucket_bytes
-            self.net = DDP(model, process_group=self.group, bucket_cap_mb=bucket / 2**20,
-                           device_ids=[device.index] if device.type == "cuda" else None)
-            # once the last bucket is launched, backward only waits for the all-reduce
-            self.hook_state = CountingHookState(self.group, self.spec.precision,
-                                                all_launched=lambda: self.heartbeat.beat(waiting=True))
-            self.net.register_comm_hook(self.hook_state, counting_hook)
+        all_reduces = [a for a in actions if isinstance(a, AllReduceGradients)]
+        if not all_reduces:
+            return
+        # the bucket cap comes from the plan's own action, whichever scheme emitted it
+        bucket = all_reduces[0].bucket_bytes
+        device = self.device
+        self.net = DDP(self.model, process_group=self.group, bucket_cap_mb=bucket / 2**20,
+                       device_ids=[device.index] if device.type == "cuda" else None)
+        # once the last bucket is launched, backward only waits for the all-reduce
+        self.hook_state = CountingHookState(self.group, self.spec.precision,
+                                            all_launched=lambda: self.heartbeat.beat(waiting=True))
+        self.net.register_comm_hook(self.hook_state, counting_hook)
+
+    def _setup_local_optimizers(self, actions) -> None:
+        # a local optimiser other than the run's SGD (LocalUpdate.optimizer), each with its state over the run
+        names = sorted({a.optimizer for a in actions if isinstance(a, LocalUpdate)} - {"sgd"})
+        self.local_optimizers = {name: LOCAL_OPTIMIZERS[name](self.model.parameters(), self.cfg.lr) for name in names}
+
+    def _setup_averager(self, kinds: set) -> None:
         self.averager = None
         if AverageParameters in kinds:
             # period 1: the policy decides when to average; torch warns that
@@ -154,25 +186,6 @@ class Executor(CompressedHandlers, ShardedHandlers):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 self.averager = PeriodicModelAverager(period=1, warmup_steps=0, process_group=self.group)
-        self.client = None
-        if kinds.intersection(SERVER_ACTIONS):
-            numel = sum(p.numel() for p in model.parameters())
-            self.client = client if client is not None else Client(cfg.world, cfg.servers, numel, self.wire_dtype)
-        # a local optimiser other than the run's SGD (LocalUpdate.optimizer), each with its state over the run
-        self.local_optimizers = {name: LOCAL_OPTIMIZERS[name](model.parameters(), cfg.lr)
-                                 for name in sorted({a.optimizer for a in actions if isinstance(a, LocalUpdate)}
-                                                    - {"sgd"})}
-        self._setup_compressors(actions)
-        self._setup_outer(actions)
-        self._setup_sharded(actions)  # last: FSDP2 replaces the model's parameters, and the optimizer with them
-        self.final_checksum: str | None = None
-        self.handlers = {
-            Compute: self.compute, AllReduceGradients: self.allreduce, LocalUpdate: self.local_update,
-            AverageParameters: self.average, Push: self.push, WaitForClock: self.wait, Pull: self.pull,
-            LowRankAllReduce: self.low_rank, SparseAllGather: self.sparse_allgather, OuterStep: self.outer_step,
-            ReduceScatterGradients: self.reduce_scatter, ShardedOptimizerStep: self.sharded_step,
-            AllGatherParameters: self.gather_parameters,
-        }
 
     def _setup_amp(self, applies_locally: bool) -> None:
         # bf16 autocast on CPU (CPU autocast's default dtype); on CUDA fp16 +
@@ -322,7 +335,7 @@ class Executor(CompressedHandlers, ShardedHandlers):
             with self.heartbeat.waiting_for_peers():
                 dist.all_reduce(flat, group=self.group)
             self._load_flat(flat.float().div_(self.cfg.world))
-        nbytes = sum(p.numel() for p in params) * torch.tensor([], dtype=self.wire_dtype).element_size()
+        nbytes = sum(p.numel() for p in params) * value_bytes(self.spec.precision)
         self.bytes_sent += nbytes
         end = self.recorder.now()
         self.recorder.span(self.worker, self.step, "average", start, end, nbytes)
@@ -336,30 +349,6 @@ class Executor(CompressedHandlers, ShardedHandlers):
         self.pending_local = []
         self.version += 1
 
-
-    def push(self, action: Push) -> None:
-        start = self.recorder.now()
-        grads = [p.grad.reshape(-1) for p in self.model.parameters()]
-        flat = torch.cat(grads).float()
-        with self.heartbeat.waiting_for_peers():
-            nbytes = self.client.push(flat.cpu(), self.step, action.aggregate)
-        self.clock += 1
-        self.bytes_sent += nbytes
-        self.recorder.span(self.worker, self.step, "push", start, self.recorder.now(), nbytes)
-
-    def wait(self, action: WaitForClock) -> None:
-        start = self.recorder.now()
-        with self.heartbeat.waiting_for_peers():
-            self.client.wait(self.step, self.clock - action.slack)
-        self.recorder.span(self.worker, self.step, "wait", start, self.recorder.now())
-
-    def pull(self, action: Pull) -> None:
-        start = self.recorder.now()
-        with self.heartbeat.waiting_for_peers():
-            flat, nbytes = self.client.pull(self.step)
-        self._load_flat(flat.to(self.device))
-        self.bytes_sent += nbytes
-        self.recorder.span(self.worker, self.step, "pull", start, self.recorder.now(), nbytes)
 
     def _load_flat(self, flat: torch.Tensor) -> None:
         offset = 0

@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-__all__ = ["CountingHookState", "counting_hook", "WIRE_DTYPES"]
+from real.wire import value_bytes
 
-WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+__all__ = ["CountingHookState", "counting_hook"]
+
 _INNER = {
     "fp32": default_hooks.allreduce_hook,
     "fp16": default_hooks.fp16_compress_hook,
@@ -42,7 +43,7 @@ class CountingHookState:
         self.process_group = process_group
         self.all_launched = all_launched  # called once a step's last bucket is launched
         self.inner = _INNER[precision]
-        self.itemsize = torch.tensor([], dtype=WIRE_DTYPES[precision]).element_size()
+        self.itemsize = value_bytes(precision)
         self.defer = False
         self.reset()
 

@@ -124,24 +124,9 @@ class Server:
                         incoming.wait()
                     grad = payload.to(torch.float32, copy=True)
                     incoming = dist.irecv(payload, src=worker, tag=PAYLOAD)
-                    with self.lock:
-                        if step > self.step:
-                            self.step = step
-                            self.heartbeat.beat(step)
-                        self.maybe_fail(step)
-                        t0 = time.perf_counter()
-                        self.apply(worker, step, grad, aggregate=bool(arg))
-                        if self.slow > 1.0:
-                            time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
-                        self.wake()
+                    self._take_push(worker, step, grad, aggregate=bool(arg))
                 elif op == PULL:
-                    with self.lock:
-                        self.read_version[worker] = self.version
-                        reply = self.shard.to(self.wire_dtype, copy=True)  # this version, whatever comes next
-                        slowest = torch.tensor([min(self.clocks)], dtype=torch.int64)
-                    with self.heartbeat.waiting_for_peers():
-                        dist.send(slowest, dst=worker, tag=CLOCK)
-                        dist.send(reply, dst=worker, tag=REPLY)
+                    self._answer_pull(worker)
                 elif op == WAIT:
                     with self.lock:
                         self.waiting.append((worker, arg))
@@ -155,6 +140,27 @@ class Server:
             error = err
         finally:
             finished.put(error)
+
+    def _take_push(self, worker: int, step: int, grad: torch.Tensor, aggregate: bool) -> None:
+        with self.lock:
+            if step > self.step:
+                self.step = step
+                self.heartbeat.beat(step)
+            self.maybe_fail(step)
+            t0 = time.perf_counter()
+            self.apply(worker, step, grad, aggregate=aggregate)
+            if self.slow > 1.0:
+                time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
+            self.wake()
+
+    def _answer_pull(self, worker: int) -> None:
+        with self.lock:
+            self.read_version[worker] = self.version
+            reply = self.shard.to(self.wire_dtype, copy=True)  # this version, whatever comes next
+            slowest = torch.tensor([min(self.clocks)], dtype=torch.int64)
+        with self.heartbeat.waiting_for_peers():
+            dist.send(slowest, dst=worker, tag=CLOCK)
+            dist.send(reply, dst=worker, tag=REPLY)
 
     def result(self) -> dict:
         return {"rank": self.rank, "role": "server", "pushes": self.pushes, "version": self.version,
@@ -205,7 +211,6 @@ class Client:
         self.servers = list(range(world, world + servers))
         self.bounds = shard_bounds(numel, servers)
         self.wire_dtype = wire_dtype
-        self.itemsize = torch.tensor([], dtype=wire_dtype).element_size()
         self.heard = 0  # the slowest clock the servers last told this worker (never ahead of theirs)
 
     def _headers(self, op: int, step: int, arg: int) -> list:
@@ -218,7 +223,7 @@ class Client:
         works += [dist.isend(wire[a:b], dst=s, tag=PAYLOAD) for s, (a, b) in zip(self.servers, self.bounds)]
         for w in works:
             w.wait()
-        return wire.numel() * self.itemsize
+        return wire.numel() * wire.element_size()
 
     def wait(self, step: int, threshold: int) -> bool:
         """Block until every server's slowest clock is at least ``threshold``; False when the clock last
@@ -242,7 +247,7 @@ class Client:
         for w in works:
             w.wait()
         self.heard = max(self.heard, min(int(t) for t in clocks))
-        return wire.float(), wire.numel() * self.itemsize
+        return wire.float(), wire.numel() * wire.element_size()
 
     def stop(self) -> None:
         for w in self._headers(STOP, -1, 0):

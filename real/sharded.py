@@ -59,16 +59,17 @@ import torch.distributed as dist
 from torch import nn
 
 from real.heartbeat import OWN, mark
+from real.wire import value_bytes
 from syncsim.schemes import SHARDED_ACTIONS, AllGatherParameters, ReduceScatterGradients
 from syncsim.schemes.policy import REPLICATED
 
 __all__ = ["ShardedHandlers", "module_units", "CountedAllGather", "CountedReduceScatter"]
 
 
-def module_units(model: nn.Module, units: tuple[float, ...] | None, value_bytes: int) -> list[list[nn.Module]]:
+def module_units(model: nn.Module, units: tuple[float, ...] | None, bytes_per_value: int) -> list[list[nn.Module]]:
     """The modules of each of a plan's units, forward order: [[model]] for one unit (or ``units`` None).
 
-    ``units``: each unit's parameter bytes at ``value_bytes`` per value (AllGatherParameters.units), groups of
+    ``units``: each unit's parameter bytes at ``bytes_per_value`` per value (AllGatherParameters.units), groups of
     consecutive parameter tensors in ``model.parameters()`` order (real.models.param_layers). A unit is the
     topmost modules owning its tensors; a module whose tensors fall in two units cannot be one FSDP unit."""
     if units is None or len(units) <= 1:
@@ -77,7 +78,7 @@ def module_units(model: nn.Module, units: tuple[float, ...] | None, value_bytes:
     groups, current, total = [], [], 0.0
     for name, param in named:
         current.append(name)
-        total += param.numel() * value_bytes
+        total += param.numel() * bytes_per_value
         if len(groups) < len(units) and math.isclose(total, units[len(groups)], rel_tol=1e-9):
             groups.append(current)
             current, total = [], 0.0
@@ -203,9 +204,8 @@ class ShardedHandlers:
             self.slow_forward = self.warm_forward_time(x)
         phases = {a.phase for a in gathers}
         forward = next((a for a in gathers if a.phase == "forward"), None)
-        value_bytes = torch.tensor([], dtype=self.wire_dtype).element_size()
         try:
-            groups = module_units(self.model, forward.units if forward else None, value_bytes)
+            groups = module_units(self.model, forward.units if forward else None, value_bytes(self.spec.precision))
         except ValueError as err:
             raise _own(f"{self.spec}: {err}") from None
         options = {"mesh": DeviceMesh.from_group(self.group, self.device.type),

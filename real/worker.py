@@ -32,12 +32,12 @@ from real.config import RunConfig
 from real.data import load
 from real.executor import Executor, flat_params
 from real.heartbeat import EXIT_STALLED, Heartbeat, came_from_peer, limit
-from real.hooks import WIRE_DTYPES
 from real.interrupt import on_signals
 from real.lifeline import die_with_parent
 from real.models import build
 from real.server import Server
 from real.trace import Recorder, merge, rank_dir
+from real.wire import WIRE_DTYPES
 from syncsim.arguments import fail
 
 __all__ = ["main"]
@@ -107,6 +107,93 @@ def _stall_message(rank: int, role: str, step: int, waiting: bool, idle: float, 
     return "hung", f"rank {rank} ({role}) hung {where}: no progress for {idle:.1f} s (limit {allowed:g} s, --timeout)"
 
 
+class _Rank:
+    """One rank's run, and what it reports when it cannot finish it: its recorder, heartbeat and actor."""
+
+    def __init__(self, cfg: RunConfig, rank: int) -> None:
+        self.cfg, self.rank = cfg, rank
+        self.role = "worker" if rank < cfg.world else "server"
+        self.recorder = Recorder(time.time())
+        self.actor = None
+        self.heartbeat = Heartbeat(cfg.out, rank, cfg.ranks, cfg.timeout, on_stall=self.stalled)
+
+    def report(self, kind: str, message: str, detail: str, step: int | None) -> None:
+        partial = self.actor.result() if self.actor is not None else {"rank": self.rank, "role": self.role}
+        partial.update(error=message, error_kind=kind, detail=detail, step=step, error_time=time.time())
+        self.recorder.write(self.cfg.out, self.rank, partial)
+
+    def stalled(self, step: int, waiting: bool, idle: float) -> None:
+        # the watchdog thread: the main thread is stuck, so report for it and end the process,
+        # which closes this rank's connections and frees the peers waiting on it
+        kind, message = _stall_message(self.rank, self.role, step, waiting, idle, self.cfg.timeout)
+        print(message, file=sys.stderr, flush=True)
+        self.report(kind, message, f"no progress for {idle:.1f} s", step)
+        os._exit(EXIT_STALLED)
+
+    def stopped(self, signum: int) -> None:
+        # SIGINT/SIGTERM (the launcher stopping the run, or anyone), acted on at once from a thread:
+        # the main thread may be blocked in a wait that never returns
+        name = signal.Signals(signum).name
+        step = self.heartbeat.step
+        self.report("interrupted", f"rank {self.rank} ({self.role}) was stopped by {name} {_where(step)}", name,
+                    step)
+        os._exit(128 + signum)
+
+    def run(self) -> int:
+        cfg, rank, heartbeat, recorder = self.cfg, self.rank, self.heartbeat, self.recorder
+        device = setup(cfg, rank)
+        with heartbeat.waiting_for_peers():
+            workers = dist.new_group(list(range(cfg.world)), timeout=pg_timeout(cfg)) if cfg.servers \
+                else dist.group.WORLD
+        model = build(cfg.model, cfg.seed).to(device)
+        if self.role == "worker":
+            data = load(cfg.data, cfg.seed).to(device)
+            with heartbeat.waiting_for_peers():  # DDP's constructor broadcasts the parameters
+                self.actor = Executor(cfg, rank, model, data, device, workers, recorder, heartbeat)
+        else:
+            fail_at = cfg.failure(rank)
+            self.actor = Server(rank, cfg.world, cfg.servers, flat_params(model).cpu(), cfg.lr,
+                                WIRE_DTYPES[cfg.spec.precision], recorder, slow=cfg.slow_factor(rank),
+                                fail_step=fail_at[0] if fail_at else None,
+                                fail_mode=fail_at[1] if fail_at else "crash", heartbeat=heartbeat)
+        with heartbeat.waiting_for_peers():
+            recorder.t0 = start_time()
+        self.actor.run()
+        self.finish()
+        return 0
+
+    def finish(self) -> None:
+        """Write this rank's result (and parameters when asked); rank 0 merges every rank's once all have."""
+        cfg, rank, actor, heartbeat = self.cfg, self.rank, self.actor, self.heartbeat
+        result = actor.result()
+        if cfg.save_params:  # a worker's parameters whole, or a server's final shard: what a replay ends at
+            saved = actor.state_dict() if self.role == "worker" else actor.shard
+            torch.save(saved, rank_dir(cfg.out) / f"params-rank{rank}.pt")
+        self.recorder.write(cfg.out, rank, result | {"error": None})
+        with heartbeat.waiting_for_peers():
+            dist.barrier()
+        if rank == 0:
+            merge(cfg.out, dataclasses.asdict(cfg), complete=True)
+        with heartbeat.waiting_for_peers():
+            dist.destroy_process_group()
+        heartbeat.stop()
+
+    def failed(self, err: Exception) -> int:
+        self.heartbeat.stop()
+        step = self.heartbeat.step
+        # an exception out of a wait for peers comes from a peer (a closed connection, torch's
+        # timeout): a consequence; any other is this rank's own failure
+        kind = "peer" if came_from_peer(err, self.heartbeat.waiting) else "error"
+        detail = brief(err)
+        verb = "lost its peers" if kind == "peer" else "failed"
+        message = f"rank {self.rank} ({self.role}) {verb} {_where(step)}: {detail}"
+        print(message, file=sys.stderr, flush=True)
+        if kind == "error":
+            traceback.print_exc()
+        self.report(kind, message, detail, step)
+        return 1
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     try:
@@ -120,79 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         return fail("real.worker", f"{size} ranks were started but --world {cfg.world} --servers {cfg.servers} "
                                    f"needs {cfg.ranks} (torchrun --nproc-per-node {cfg.ranks})")
     die_with_parent()  # no rank outlives its launcher (real.lifeline)
-    role = "worker" if rank < cfg.world else "server"
-    recorder = Recorder(time.time())
-    actor = None
-
-    def report(kind: str, message: str, detail: str, step: int | None) -> None:
-        partial = actor.result() if actor is not None else {"rank": rank, "role": role}
-        partial.update(error=message, error_kind=kind, detail=detail, step=step, error_time=time.time())
-        recorder.write(cfg.out, rank, partial)
-
-    def stalled(step: int, waiting: bool, idle: float) -> None:
-        # the watchdog thread: the main thread is stuck, so report for it and end the process,
-        # which closes this rank's connections and frees the peers waiting on it
-        kind, message = _stall_message(rank, role, step, waiting, idle, cfg.timeout)
-        print(message, file=sys.stderr, flush=True)
-        report(kind, message, f"no progress for {idle:.1f} s", step)
-        os._exit(EXIT_STALLED)
-
-    def stopped(signum: int) -> None:
-        # SIGINT/SIGTERM (the launcher stopping the run, or anyone), acted on at once from a thread:
-        # the main thread may be blocked in a wait that never returns
-        name = signal.Signals(signum).name
-        report("interrupted", f"rank {rank} ({role}) was stopped by {name} {_where(heartbeat.step)}", name,
-               heartbeat.step)
-        os._exit(128 + signum)
-
-    heartbeat = Heartbeat(cfg.out, rank, cfg.ranks, cfg.timeout, on_stall=stalled)
-    on_signals(stopped)
+    me = _Rank(cfg, rank)
+    on_signals(me.stopped)
     try:
-        device = setup(cfg, rank)
-        with heartbeat.waiting_for_peers():
-            workers = dist.new_group(list(range(cfg.world)), timeout=pg_timeout(cfg)) if cfg.servers \
-                else dist.group.WORLD
-        model = build(cfg.model, cfg.seed).to(device)
-        if role == "worker":
-            data = load(cfg.data, cfg.seed).to(device)
-            with heartbeat.waiting_for_peers():  # DDP's constructor broadcasts the parameters
-                actor = Executor(cfg, rank, model, data, device, workers, recorder, heartbeat)
-        else:
-            fail_at = cfg.failure(rank)
-            actor = Server(rank, cfg.world, cfg.servers, flat_params(model).cpu(), cfg.lr,
-                           WIRE_DTYPES[cfg.spec.precision], recorder, slow=cfg.slow_factor(rank),
-                           fail_step=fail_at[0] if fail_at else None, fail_mode=fail_at[1] if fail_at else "crash",
-                           heartbeat=heartbeat)
-        with heartbeat.waiting_for_peers():
-            recorder.t0 = start_time()
-        actor.run()
-        result = actor.result()
-        if cfg.save_params:  # a worker's parameters whole, or a server's final shard: what a replay ends at
-            saved = actor.state_dict() if role == "worker" else actor.shard
-            torch.save(saved, rank_dir(cfg.out) / f"params-rank{rank}.pt")
-        recorder.write(cfg.out, rank, result | {"error": None})
-        with heartbeat.waiting_for_peers():
-            dist.barrier()
-        if rank == 0:
-            merge(cfg.out, dataclasses.asdict(cfg), complete=True)
-        with heartbeat.waiting_for_peers():
-            dist.destroy_process_group()
-        heartbeat.stop()
-        return 0
+        return me.run()
     except Exception as err:
-        heartbeat.stop()
-        step = heartbeat.step
-        # an exception out of a wait for peers comes from a peer (a closed connection, torch's
-        # timeout): a consequence; any other is this rank's own failure
-        kind = "peer" if came_from_peer(err, heartbeat.waiting) else "error"
-        detail = brief(err)
-        verb = "lost its peers" if kind == "peer" else "failed"
-        message = f"rank {rank} ({role}) {verb} {_where(step)}: {detail}"
-        print(message, file=sys.stderr, flush=True)
-        if kind == "error":
-            traceback.print_exc()
-        report(kind, message, detail, step)
-        return 1
+        return me.failed(err)
 
 
 if __name__ == "__main__":

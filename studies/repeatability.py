@@ -28,12 +28,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from real.validation.config import KEY
+from real.validation.verdict import failed
 from studies import validation
 
 __all__ = ["main", "summarise", "summary_lines", "plot", "TIMES"]
 
 TIMES = 5
-COLUMNS = (*validation.KEY, "repeats", "measured_mean", "measured_cv", "predicted_cv", "compute_cv", "error_min",
+COLUMNS = (*KEY, "repeats", "measured_mean", "measured_cv", "predicted_cv", "compute_cv", "error_min",
            "error_median", "error_max", "measured_spread")
 
 
@@ -44,10 +46,10 @@ def _cv(values: pd.Series) -> float:
 
 def summarise(repeats: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration of ``repeats`` (validation rows with a ``repeat`` column); failed rows left out."""
-    ok = repeats[~validation.failed(repeats) & repeats["measured_step_time"].notna()]
+    ok = repeats[~failed(repeats) & repeats["measured_step_time"].notna()]
     rows = []
-    for key, group in ok.groupby(list(validation.KEY), sort=False):
-        rows.append(dict(zip(validation.KEY, key)) | {
+    for key, group in ok.groupby(list(KEY), sort=False):
+        rows.append(dict(zip(KEY, key)) | {
             "repeats": int(group["repeat"].nunique()),
             "measured_mean": float(group["measured_step_time"].mean()),
             "measured_cv": _cv(group["measured_step_time"]),
@@ -90,7 +92,7 @@ def plot(repeats_csv: Path, out: Path) -> Path:
     table = summarise(repeats)
     fig, ax = plt.subplots(figsize=(8, 0.6 * max(len(table), 3) + 1.2))
     for i, (_, r) in enumerate(table.iterrows()):
-        mine = repeats[(repeats[list(validation.KEY)] == pd.Series({k: r[k] for k in validation.KEY})).all(axis=1)]
+        mine = repeats[(repeats[list(KEY)] == pd.Series({k: r[k] for k in KEY})).all(axis=1)]
         ax.barh(i, 2 * r["measured_cv"] * 100, left=-r["measured_cv"] * 100, color="0.85", height=0.6)
         ax.plot(mine["rel_error"] * 100, [i] * len(mine), "o", color="C0")
     ax.axvline(0, color="0.3", lw=0.8)

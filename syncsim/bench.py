@@ -79,37 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scale = 16 if args.quick else 1
     workload = Workload.preset("resnet50")
-
-    gpus, steps = 1024 // scale, 1000 // scale
-    cluster = Cluster.preset("a100-100g", gpus=gpus).replace(jitter=0.05)
-    res = min((simulate(cluster, workload, "allreduce", steps=steps, seed=0) for _ in range(REPEATS)),
-              key=lambda r: r.wall_time)
-    rate = gpus * steps / res.wall_time
-    print(f"[1] sync ring all-reduce, {cluster.nodes} nodes x {cluster.gpus_per_node} GPUs x {steps} steps, "
-          f"jitter 0.05: {res.wall_time:.2f} s wall, {rate / 1e3:.0f}k GPU-steps/s (goal <= 5 s, >= 200k/s)")
-
-    workers, ps_steps = 1024 // scale, 100 // scale
-    cluster = Cluster.preset("a100-100g", gpus=workers).replace(jitter=0.05, servers=16)
-    updates = ceiling = 0.0
-    for _ in range(REPEATS):  # interleaved, so both see the same machine
-        res = simulate(cluster, workload, "ps:mode=async", steps=ps_steps, seed=0)
-        updates = max(updates, len(res.updates) / res.wall_time)
-        ceiling = max(ceiling, bare_simpy_ceiling(workers, ps_steps))
-    print(f"[2] async PS, {workers} workers, 16 servers, {ps_steps} steps: {updates / 1e3:.0f}k applied updates/s "
-          f"(goal >= 100k); bare SimPy, 3 events/update, no logic: {ceiling / 1e3:.0f}k/s "
-          f"-> engine at {updates / ceiling:.0%} of that ceiling")
-
-    sizes = [64, 256, 1024, 4096] if not args.quick else [16, 32, 64]
-    points = []
-    for g in sizes:
-        for s in ((50, 200) if not args.quick else (10, 20)):
-            cluster = Cluster.preset("a100-100g", gpus=g).replace(jitter=0.05)
-            res = simulate(cluster, workload, "allreduce", steps=s, seed=0)
-            points.append((g * s, res.wall_time))
-            print(f"    {g:5d} GPUs x {s:4d} steps: {res.wall_time:6.3f} s")
-    x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
-    slope = np.polyfit(x, y, 1)[0]
-    print(f"[3] wall ~ (GPUs x steps)^b over {sizes[0]}..{sizes[-1]} GPUs: b = {slope:.3f} (goal <= 1.1)")
+    _bench_allreduce(workload, scale)
+    _bench_async_ps(workload, scale)
+    _bench_scaling(workload, args.quick)
 
     gpus, steps = 1024 // scale, 200 // scale
     cluster = Cluster.preset("a100-100g", gpus=gpus).replace(jitter=0.05)
@@ -125,6 +97,46 @@ def main(argv: list[str] | None = None) -> int:
           f"steps, jitter 0.05:")
     _time_schemes(cluster, llama, SHARDED, steps, "goal <= 10 s; ")
     return 0
+
+
+def _bench_allreduce(workload: Workload, scale: int) -> None:
+    """[1]: the synchronous hot path, the fastest of REPEATS runs."""
+    gpus, steps = 1024 // scale, 1000 // scale
+    cluster = Cluster.preset("a100-100g", gpus=gpus).replace(jitter=0.05)
+    res = min((simulate(cluster, workload, "allreduce", steps=steps, seed=0) for _ in range(REPEATS)),
+              key=lambda r: r.wall_time)
+    rate = gpus * steps / res.wall_time
+    print(f"[1] sync ring all-reduce, {cluster.nodes} nodes x {cluster.gpus_per_node} GPUs x {steps} steps, "
+          f"jitter 0.05: {res.wall_time:.2f} s wall, {rate / 1e3:.0f}k GPU-steps/s (goal <= 5 s, >= 200k/s)")
+
+
+def _bench_async_ps(workload: Workload, scale: int) -> None:
+    """[2]: applied updates per second of an asynchronous parameter server, against bare SimPy's ceiling."""
+    workers, ps_steps = 1024 // scale, 100 // scale
+    cluster = Cluster.preset("a100-100g", gpus=workers).replace(jitter=0.05, servers=16)
+    updates = ceiling = 0.0
+    for _ in range(REPEATS):  # interleaved, so both see the same machine
+        res = simulate(cluster, workload, "ps:mode=async", steps=ps_steps, seed=0)
+        updates = max(updates, len(res.updates) / res.wall_time)
+        ceiling = max(ceiling, bare_simpy_ceiling(workers, ps_steps))
+    print(f"[2] async PS, {workers} workers, 16 servers, {ps_steps} steps: {updates / 1e3:.0f}k applied updates/s "
+          f"(goal >= 100k); bare SimPy, 3 events/update, no logic: {ceiling / 1e3:.0f}k/s "
+          f"-> engine at {updates / ceiling:.0%} of that ceiling")
+
+
+def _bench_scaling(workload: Workload, quick: bool) -> None:
+    """[3]: how wall time grows with GPUs x steps, a power law fitted over the sizes."""
+    sizes = [64, 256, 1024, 4096] if not quick else [16, 32, 64]
+    points = []
+    for g in sizes:
+        for s in ((50, 200) if not quick else (10, 20)):
+            cluster = Cluster.preset("a100-100g", gpus=g).replace(jitter=0.05)
+            res = simulate(cluster, workload, "allreduce", steps=s, seed=0)
+            points.append((g * s, res.wall_time))
+            print(f"    {g:5d} GPUs x {s:4d} steps: {res.wall_time:6.3f} s")
+    x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+    slope = np.polyfit(x, y, 1)[0]
+    print(f"[3] wall ~ (GPUs x steps)^b over {sizes[0]}..{sizes[-1]} GPUs: b = {slope:.3f} (goal <= 1.1)")
 
 
 def _time_schemes(cluster: Cluster, workload: Workload, schemes, steps: int, note: str) -> None:

@@ -73,7 +73,7 @@ class Link:
     rates. Every flow draws its own weight exp(sharing_spread / sqrt(2) × Z), Z standard normal, from
     the run's seed, and the newest active flow weighs newcomer_weight times its own (syncsim.network).
     0 (the default): every collision splits alike. TCP flows of a few hundred kB through one shaper do
-    not converge within a transfer; real.testbed.calibration measures both values from colliding pairs."""
+    not converge within a transfer; real.calibration.sharing_probe measures both values from colliding pairs."""
 
     def __post_init__(self) -> None:
         bandwidth = parse_bandwidth(self.bandwidth, "Link.bandwidth")
@@ -131,12 +131,19 @@ class Cluster(ConfigFile):
     """Fixed cost of one collective, on top of its per-hop latencies (NCCL's base latency)."""
     chunk_bytes: float | str = DEFAULT_CHUNK_BYTES
     """Pipeline granularity of multi-phase collectives (NCCL_BUFFSIZE)."""
+    reducescatter_traffic: float = 1.0
+    """Bytes a reduce-scatter keeps the busiest link busy for, per byte of NCCL's ring, (p − 1)/p·n: 1 for
+    NCCL (syncsim.collectives). A backend that runs it otherwise is measured, not assumed: on the testbed,
+    gloo's reduce_scatter_single and ZeRO-1's per-owner reduces kept two ranks' links busy about twice as
+    long (real.calibration.sharded_probe)."""
+    allgather_traffic: float = 1.0
+    """The same for the parameter all-gathers of sharded schemes (ZeRO, FSDP): 1 for NCCL's ring."""
     servers: int = 0
     server_link: Link | None = None
     server_service: float | str = 0.0
     """Seconds a parameter-server host adds to each push it takes in and each pull it answers, beyond
     its link's latency and rate: its own work per request (a thread waking, the shard copied, the update
-    applied). Measured on the testbed by ``real.testbed.server_probe``; 0 by default."""
+    applied). Measured on the testbed by ``real.calibration.server_probe``; 0 by default."""
     speed: tuple[float, ...] | None = None
     """Per-GPU speed factors (1.0 = nominal; 0.5 = computes twice as long); length = gpus."""
     jitter: float = 0.0
@@ -165,8 +172,25 @@ class Cluster(ConfigFile):
         object.__setattr__(self, "collective_latency", check_float(owner, "collective_latency", launch, low=0.0))
         service = parse_time(self.server_service, "Cluster.server_service")
         object.__setattr__(self, "server_service", check_float(owner, "server_service", service, low=0.0))
+        for name in ("reducescatter_traffic", "allgather_traffic"):
+            object.__setattr__(self, name, check_float(owner, name, getattr(self, name), low=0.1, high=100.0))
         chunk = parse_size(self.chunk_bytes, "Cluster.chunk_bytes")
         object.__setattr__(self, "chunk_bytes", check_float(owner, "chunk_bytes", chunk, low=1.0))
+        self._check_links()
+        if self.speed is not None:
+            object.__setattr__(self, "speed", self._checked_speed())
+        object.__setattr__(self, "jitter", check_float(owner, "jitter", self.jitter, low=0.0, high=10.0))
+        object.__setattr__(self, "straggler_prob",
+                           check_float(owner, "straggler_prob", self.straggler_prob, low=0.0, high=1.0))
+        object.__setattr__(self, "straggler_slowdown",
+                           check_float(owner, "straggler_slowdown", self.straggler_slowdown, low=1.0))
+        if self.gpu_memory is not None:
+            memory = parse_size(self.gpu_memory, "Cluster.gpu_memory")
+            object.__setattr__(self, "gpu_memory", check_positive(owner, "gpu_memory", memory))
+
+    def _check_links(self) -> None:
+        """intra, inter and server_link as Links (a dict becomes one), each required where the shape needs it."""
+        owner = "Cluster"
         intra = _as_link(owner, "intra", self.intra)
         inter = _as_link(owner, "inter", self.inter)
         server_link = _as_link(owner, "server_link", self.server_link)
@@ -180,25 +204,18 @@ class Cluster(ConfigFile):
         object.__setattr__(self, "intra", intra)
         object.__setattr__(self, "inter", inter)
         object.__setattr__(self, "server_link", server_link)
-        if self.speed is not None:
-            # a list, a tuple or a one-dimensional NumPy array straight from a sweep
-            sequence = isinstance(self.speed, Sequence) and not isinstance(self.speed, str)
-            vector = isinstance(self.speed, np.ndarray) and self.speed.ndim == 1
-            speed = tuple(self.speed) if sequence or vector else None
-            if speed is None:
-                raise ValueError(f"Cluster.speed must be a sequence of per-GPU factors, got {self.speed!r}")
-            if len(speed) != self.gpus:
-                raise ValueError(f"Cluster.speed must have one factor per GPU ({self.gpus}), got {len(speed)}")
-            speed = tuple(check_positive(owner, f"speed[{i}]", s) for i, s in enumerate(speed))
-            object.__setattr__(self, "speed", speed)
-        object.__setattr__(self, "jitter", check_float(owner, "jitter", self.jitter, low=0.0, high=10.0))
-        object.__setattr__(self, "straggler_prob",
-                           check_float(owner, "straggler_prob", self.straggler_prob, low=0.0, high=1.0))
-        object.__setattr__(self, "straggler_slowdown",
-                           check_float(owner, "straggler_slowdown", self.straggler_slowdown, low=1.0))
-        if self.gpu_memory is not None:
-            memory = parse_size(self.gpu_memory, "Cluster.gpu_memory")
-            object.__setattr__(self, "gpu_memory", check_positive(owner, "gpu_memory", memory))
+
+    def _checked_speed(self) -> tuple[float, ...]:
+        """``speed`` as a tuple of one positive factor per GPU: a list, a tuple or a one-dimensional NumPy
+        array straight from a sweep."""
+        sequence = isinstance(self.speed, Sequence) and not isinstance(self.speed, str)
+        vector = isinstance(self.speed, np.ndarray) and self.speed.ndim == 1
+        speed = tuple(self.speed) if sequence or vector else None  # type: ignore[arg-type]
+        if speed is None:
+            raise ValueError(f"Cluster.speed must be a sequence of per-GPU factors, got {self.speed!r}")
+        if len(speed) != self.gpus:
+            raise ValueError(f"Cluster.speed must have one factor per GPU ({self.gpus}), got {len(speed)}")
+        return tuple(check_positive("Cluster", f"speed[{i}]", s) for i, s in enumerate(speed))
 
     # -- derived ------------------------------------------------------------------
     @property

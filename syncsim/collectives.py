@@ -264,7 +264,7 @@ def allgather_inter_hops(nodes: int, gpus_per_node: int) -> int:
     return nodes - 1 if gpus_per_node == 1 else nodes
 
 
-def allgather_time(cluster: Cluster, nbytes: float) -> float:
+def allgather_time(cluster: Cluster, nbytes: float, traffic: float = 1.0) -> float:
     """Seconds for a ring all-gather in which each of the p GPUs contributes ``nbytes``.
 
     NCCL runs all-gather on its rings only, one pass of p − 1 steps where all-reduce makes 2(p − 1)
@@ -280,7 +280,9 @@ def allgather_time(cluster: Cluster, nbytes: float) -> float:
 
     with s the busiest GPU's share of its sends over its intra link (as for the ring all-reduce). With
     g = 1, r = 1 and L = 0 it is the textbook ring all-gather (p − 1)·α + (p − 1)·n/B (Thakur,
-    Rabenseifner & Gropp 2005, the ring allgather)."""
+    Rabenseifner & Gropp 2005, the ring allgather). ``traffic`` multiplies the last term: how many times
+    the ring's bytes a backend that is not NCCL's ring keeps the busiest link busy for (Cluster's
+    ``reducescatter_traffic`` and ``allgather_traffic``)."""
     m, g, a_i, b_i, a_n = _terms(cluster)
     p = m * g
     if p <= 1 or nbytes <= 0:
@@ -290,7 +292,7 @@ def allgather_time(cluster: Cluster, nbytes: float) -> float:
     per_byte = max(share / b_i if g > 1 else 0.0, 1 / cluster.node_bandwidth if m > 1 else 0.0)
     inter = allgather_inter_hops(m, g)
     hops = (p - 1 - inter) * a_i + inter * a_n
-    return cluster.collective_latency + hops + (p - 1) * nbytes * per_byte  # type: ignore[operator]
+    return cluster.collective_latency + hops + traffic * (p - 1) * nbytes * per_byte  # type: ignore[operator]
 
 
 def reducescatter_time(cluster: Cluster, nbytes: float) -> float:
@@ -310,16 +312,18 @@ def reducescatter_time(cluster: Cluster, nbytes: float) -> float:
 
     with h_n = allgather_inter_hops (m, g) and s as for the ring all-reduce; the additions run at memory
     bandwidth and are left out, as for every all-reduce. With g = 1, r = 1, L = 0 it is the textbook ring
-    reduce-scatter (p − 1)·α + (p − 1)/p·n/B (Thakur, Rabenseifner & Gropp 2005)."""
+    reduce-scatter (p − 1)·α + (p − 1)/p·n/B (Thakur, Rabenseifner & Gropp 2005). The byte term is
+    scaled by ``Cluster.reducescatter_traffic`` (1 for NCCL)."""
     p = cluster.gpus
-    return allgather_time(cluster, nbytes / p) if p > 1 else 0.0
+    return allgather_time(cluster, nbytes / p, cluster.reducescatter_traffic) if p > 1 else 0.0
 
 
 def sharded_allgather_time(cluster: Cluster, nbytes: float) -> float:
     """Seconds for a ring all-gather that leaves every GPU holding ``nbytes`` of which it owned 1/p (ZeRO's and
-    FSDP's parameter gathers): ``allgather_time`` with each GPU contributing its shard, n/p."""
+    FSDP's parameter gathers): ``allgather_time`` with each GPU contributing its shard, n/p, its byte term
+    scaled by ``Cluster.allgather_traffic`` (1 for NCCL)."""
     p = cluster.gpus
-    return allgather_time(cluster, nbytes / p) if p > 1 else 0.0
+    return allgather_time(cluster, nbytes / p, cluster.allgather_traffic) if p > 1 else 0.0
 
 
 def allreduce_time(algorithm: str, nbytes: float, cluster: Cluster) -> float:

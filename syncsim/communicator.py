@@ -205,7 +205,7 @@ class Communicator:
         The bytes that crossed by any instant are then at most the bucket plus the shaper's rate times
         the time elapsed, tc-tbf's bound. Its launch and hops' latencies refill nothing: they interleave
         with its sending (a ring's rounds follow one another), and the form its time was fitted to
-        (α + max(0, n - burst)/B per hop after a full bucket, real.testbed.calibration) credits a full
+        (α + max(0, n - burst)/B per hop after a full bucket, real.calibration.link_fit) credits a full
         bucket with exactly ``burst`` bytes."""
         held = min(self.burst, self.tokens + idle * self.refill)
         credit = min(held, wire)
@@ -265,7 +265,7 @@ class Communicator:
         let past the gates there); moving on to fraction x adds (x − pos)·span, and passing a gate waits
         for its gather's end. Each collective starts when the communicator is free and the slowest worker
         has issued it, and takes its closed-form time (``sharded_cost``)."""
-        env, recorder, state, schedule = self.env, self.recorder, self.state, pending.schedule
+        recorder, schedule = self.recorder, pending.schedule
         span = pending.span
         at = pending.base.copy()
         pos, clock = 0.0, self.free_at
@@ -310,8 +310,14 @@ class Communicator:
         if pos < 1.0:
             at += (1.0 - pos) * span
         self.free_at = clock
-        end = max(clock, float(at.max()))
-        workers = self._all
+        self._finish_schedule(pending, began, at, first, last, max(clock, float(at.max())))
+
+    def _finish_schedule(self, pending: _PendingSchedule, began: np.ndarray, at: np.ndarray,
+                         first: dict[int, float], last: dict[int, float], end: float) -> None:
+        """Record a laid-out schedule (each worker's compute, each action from its first collective's start
+        to its last's end) and end the step at ``end``, with a new version after the step's last
+        reduce-scatter."""
+        recorder, schedule, workers = self.recorder, pending.schedule, self._all
         if pending.computed.any():
             who = workers[pending.computed]
             recorder.events(who, pending.step, _COMPUTE, began[pending.computed], at[pending.computed], 0.0)
@@ -319,8 +325,8 @@ class Communicator:
             if index in first:
                 recorder.events(workers, pending.step, code, first[index], last[index], nbytes)
         if schedule.last:
-            state.collective_done(REDUCESCATTER, pending.step, end)
-        env.schedule(triggered(pending.done), delay=end - env.now)
+            self.state.collective_done(REDUCESCATTER, pending.step, end)
+        self.env.schedule(triggered(pending.done), delay=end - self.env.now)
 
     def _complete(self, pending: _Pending) -> None:
         env, recorder, state = self.env, self.recorder, self.state

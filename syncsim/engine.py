@@ -38,15 +38,18 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 from syncsim.cluster import Cluster
-from syncsim.communicator import ALLGATHER, REDUCESCATTER, Communicator, build_schedule
+from syncsim.communicator import ALLGATHER, Communicator, build_schedule
+from syncsim.compression.work import compression_work
 from syncsim.compute import ComputeTimes, ReplayedTimes
 from syncsim.config import check_int
 from syncsim.limits import SIM_BYTES_PER_WORKER_STEP, check_memory
+from syncsim.model_state import ModelState
 from syncsim.recorder import KIND_CODE, Recorder
 from syncsim.result import SimResult
 from syncsim.schemes import (
@@ -70,78 +73,28 @@ from syncsim.schemes import (
 from syncsim.server import ServerGroup
 from syncsim.workload import Workload
 
-__all__ = ["simulate", "speedup", "compression_work"]
+__all__ = ["simulate", "speedup", "PendingCompute"]
 
 _GENERATOR = type(x for x in ())
 
 _COMPUTE, _PUSH, _PULL, _WAIT = (KIND_CODE[k] for k in ("compute", "push", "pull", "wait"))
 _COLLECTIVES = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep,
                 AllGatherParameters, ReduceScatterGradients)
-# Collectives after which every worker's gradient of the step has been applied (one update row each);
-# the others (parameter averaging, outer steps) fold the workers' local steps into the new version.
-_GRADIENT_COLLECTIVES = ("allreduce", "allgather", REDUCESCATTER)
 
 
-def compression_work(action: object, workers: int) -> tuple[tuple[float, float], ...]:
-    """(FLOPs, values passed over) of one worker's own work at each stage of ``action``, ``workers``
-    workers: before its first collective, between its collectives, after its last. Empty for an
-    action without such work. Counted from the numerics every executor runs (syncsim.compression);
-    elementwise passes over O(k) or O(rank·(rows + cols)) values beside O(n) ones are left out, and so
-    is dividing a sum by W, the all-reduce's own arithmetic, which no collective is charged for
-    (syncsim.collectives).
+@dataclass(slots=True)
+class PendingCompute:
+    """A worker's lazily taken compute (the module's docstring) and the message latency it still owes.
 
-    - ``LowRankAllReduce`` (syncsim.compression.powersgd, as torch's powerSGD_hook): before round one
-      Δ = g + e (n values) and the uncompressed values copied into round one's buffer (u), then
-      P = ΔQ (2·rows·cols·r FLOPs a matrix); between the rounds Gram–Schmidt of P, two passes (4·rows·r²) and
-      Q = ΔᵀP̂ (2·rows·cols·r); after round two P̂Qᵀ (2·rows·cols·r), the uncompressed mean copied back
-      (u) and e = Δ − applied (n). The FLOPs add up to ``LowRankAllReduce.flops``.
-    - ``SparseAllGather`` (syncsim.compression.topk): before the all-gather Δ = g + e, |Δ|, the
-      partition that finds the k-th magnitude, and the two comparisons that pick the entries above
-      and at it (5 passes over n), and the k sent entries read and subtracted from the residual (2k);
-      after it the scatter-add of every worker's entries into a zeroed dense gradient and its division
-      by W (``scatter_mean``: n + W·k + n).
-    - ``OuterStep`` (DiLoCo, over the fragment's f values): before its all-reduce the pseudo-gradient
-      (last outer value − value now: f); after it torch.optim.SGD's Nesterov step as torch writes it
-      (torch/optim/sgd.py, _single_tensor_sgd: buf.mul_(μ).add_(Δ), Δ.add(buf, alpha=μ),
-      param.add_(·, alpha=−lr): 4 passes; with momentum 0 only the last) and the result copied into
-      the replica (f): 5·f, or 2·f without momentum.
+    Mutable and slotted: the engine's hot path updates it in place once or twice per action.
     """
-    if isinstance(action, LowRankAllReduce):
-        u = action.uncompressed
-        n = u + sum(rows * cols for rows, cols in action.matrices)
-        product = float(sum(2 * rows * cols * r for r, (rows, cols) in zip(action.ranks(), action.matrices)))
-        gram_schmidt = float(sum(4 * rows * r * r for r, (rows, _) in zip(action.ranks(), action.matrices)))
-        return (product, float(n + u)), (gram_schmidt + product, 0.0), (product, float(u + n))
-    if isinstance(action, SparseAllGather):
-        n, k = action.size, action.values
-        return (0.0, float(5 * n + 2 * k)), (0.0, float(2 * n + workers * k))
-    if isinstance(action, OuterStep):
-        f = action.values
-        return (0.0, float(f)), (0.0, float((5 if action.momentum else 2) * f))
-    return ()
 
-
-class _ModelState:
-    """The authoritative version, and which version each worker's next gradient reads."""
-
-    def __init__(self, workers: int, recorder: Recorder) -> None:
-        self.version = 0
-        self.read = [0] * workers
-        self.recorder = recorder
-        self.workers = np.arange(workers)
-        self.local: list[list[int]] = [[] for _ in range(workers)]  # local steps not yet averaged
-
-    def collective_done(self, kind: str, step: int, time: float) -> None:
-        version = self.version
-        if kind in _GRADIENT_COLLECTIVES:
-            self.recorder.updates(self.workers, step, version, version, time)
-        else:  # parameter averaging folds every worker's local steps into the new version
-            for w, steps in enumerate(self.local):
-                if steps:
-                    self.recorder.updates(np.full(len(steps), w), np.asarray(steps), version, version, time)
-                    steps.clear()
-        self.version = version + 1
-        self.read[:] = [version + 1] * len(self.read)
+    start: float = 0.0
+    duration: float = 0.0
+    outstanding: bool = False
+    """Whether the compute from ``start`` for ``duration`` has not yet been waited out or joined."""
+    owed: float = 0.0
+    """Seconds of message latency owed, paid by the next wait (a pull's or clock wait's answer)."""
 
 
 class _Run:
@@ -151,7 +104,7 @@ class _Run:
         self.steps = steps
         self.workers = cluster.gpus
         self.recorder = Recorder()
-        self.state = _ModelState(self.workers, self.recorder)
+        self.state = ModelState(self.workers, self.recorder)
         self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction,
                                     workload.shapes)
         if compute_times is None:
@@ -182,23 +135,23 @@ class _Run:
 
     # A handler returns None, one event to wait for, or a generator of
     # events (several waits). ``pending`` carries the lazily
-    # taken compute: [start, duration, outstanding?, latency owed]. Message
+    # taken compute and the latency owed (PendingCompute). Message
     # latency is folded into a wait the worker makes anyway: a push waits out
     # compute and then alpha before its bytes enter the link; a pull's alpha
     # delays the start of the next compute. Uncontended, both equal alpha + n/B.
     def worker(self, w: int):
         plan, steps, handlers, step_end, env = self.policy.plan, self.steps, self.handlers, self.step_end, self.env
         times, idle_extra = self.times, self.idle_extra
-        pending = [0.0, 0.0, False, 0.0]
+        pending = PendingCompute()
         computed = None  # when this worker's last compute ended
         noted = self.noted[w]
         for step in range(steps):
             for action in plan(step, steps):
                 if type(action) is Compute:
-                    start, duration = env.now + pending[3], times(step, w)
+                    start, duration = env.now + pending.owed, times(step, w)
                     if idle_extra is not None and computed is not None and start > computed:
                         duration += idle_extra(start - computed)  # it idled since (Workload.idle_cost)
-                    pending[0], pending[1], pending[2], pending[3] = start, duration, True, 0.0
+                    pending.start, pending.duration, pending.outstanding, pending.owed = start, duration, True, 0.0
                     computed = start + duration
                     continue
                 if idle_extra is not None and type(action) in _COLLECTIVES:
@@ -211,43 +164,43 @@ class _Run:
                         yield wait
             if noted:  # the step's sharded actions, with its compute, as one schedule
                 yield self._sharded(w, step, pending, noted)
-            if pending[2]:  # a step that ends on its own compute (a local step)
+            if pending.outstanding:  # a step that ends on its own compute (a local step)
                 yield from self._settle(w, step, pending)
             # A pull's latency still owed is paid by the next compute; the step
             # itself ends when the parameters have arrived.
-            step_end[step, w] = env.now + pending[3]
+            step_end[step, w] = env.now + pending.owed
 
-    def _ready_in(self, w: int, step: int, pending: list, extra: float = 0.0) -> float:
+    def _ready_in(self, w: int, step: int, pending: PendingCompute, extra: float = 0.0) -> float:
         """Seconds until the outstanding compute (and any owed latency, plus ``extra``) is over."""
         now = self.env.now
-        ready = now + pending[3]
-        pending[3] = 0.0
-        if pending[2]:
-            start, duration = pending[0], pending[1]
-            pending[2] = False
+        ready = now + pending.owed
+        pending.owed = 0.0
+        if pending.outstanding:
+            start, duration = pending.start, pending.duration
+            pending.outstanding = False
             self.recorder.event(w, step, _COMPUTE, start, start + duration, 0.0)
             if start + duration > ready:
                 ready = start + duration
         return ready + extra - now
 
-    def _settle(self, w: int, step: int, pending: list):
+    def _settle(self, w: int, step: int, pending: PendingCompute):
         delay = self._ready_in(w, step, pending)
         if delay > 0:
             yield self.env.timeout(delay)
 
-    def _allreduce(self, w: int, step: int, action: AllReduceGradients, pending: list):
-        if pending[2]:  # _join's, written out: the hot path of every synchronous step
-            pending[2] = False
+    def _allreduce(self, w: int, step: int, action: AllReduceGradients, pending: PendingCompute):
+        if pending.outstanding:  # _join's, written out: the hot path of every synchronous step
+            pending.outstanding = False
             return self.comm.join(w, step, "allreduce", action.buckets, action.ready, action.algorithm,
-                                  pending[0], pending[1], True)
+                                  pending.start, pending.duration, True)
         return self._join_now(w, step, "allreduce", action.buckets, action.ready, action.algorithm, pending)
 
     def _join(self, w, step, kind, buckets, ready, algorithm, pending, before=0.0, after=0.0, last=True):
         """Join a collective: a compute still outstanding is folded into its schedule (no event of the
         worker's own); otherwise the worker joins once any latency it owes is paid."""
-        if pending[2]:
-            pending[2] = False
-            return self.comm.join(w, step, kind, buckets, ready, algorithm, pending[0], pending[1], True, last,
+        if pending.outstanding:
+            pending.outstanding = False
+            return self.comm.join(w, step, kind, buckets, ready, algorithm, pending.start, pending.duration, True, last,
                                   before, after)
         return self._join_now(w, step, kind, buckets, ready, algorithm, pending, before, after, last)
 
@@ -266,32 +219,32 @@ class _Run:
                 for flops, values in compression_work(action, self.workers))
         return seconds
 
-    def _note(self, w: int, step: int, action: object, pending: list) -> None:
+    def _note(self, w: int, step: int, action: object, pending: PendingCompute) -> None:
         # a sharded action: carried out with the rest of the step's (worker(), _sharded)
         self.noted[w].append(action)
 
-    def _sharded(self, w: int, step: int, pending: list, noted: list):
+    def _sharded(self, w: int, step: int, pending: PendingCompute, noted: list):
         """Join the step's sharded schedule: the noted actions, laid out around the step's compute."""
         key = tuple(map(id, noted))
         schedule = self._schedules.get(key)
         if schedule is None:  # the schedule keeps its actions, so their ids stay theirs
             schedule = self._schedules[key] = build_schedule(tuple(noted))
         noted.clear()
-        if pending[2]:
-            pending[2] = False
-            return self.comm.join_schedule(w, step, schedule, pending[0], pending[1], True)
-        base = self.env.now + pending[3]
-        pending[3] = 0.0
+        if pending.outstanding:
+            pending.outstanding = False
+            return self.comm.join_schedule(w, step, schedule, pending.start, pending.duration, True)
+        base = self.env.now + pending.owed
+        pending.owed = 0.0
         return self.comm.join_schedule(w, step, schedule, base, 0.0, False)
 
-    def _local_update(self, w: int, step: int, action: LocalUpdate, pending: list):
+    def _local_update(self, w: int, step: int, action: LocalUpdate, pending: PendingCompute):
         yield from self._settle(w, step, pending)
         self.state.local[w].append(step)
 
-    def _average(self, w: int, step: int, action: AverageParameters, pending: list):
+    def _average(self, w: int, step: int, action: AverageParameters, pending: PendingCompute):
         return self._join_now(w, step, "average", (action.nbytes,), (1.0,), action.algorithm, pending)
 
-    def _low_rank(self, w: int, step: int, action: LowRankAllReduce, pending: list):
+    def _low_rank(self, w: int, step: int, action: LowRankAllReduce, pending: PendingCompute):
         # two all-reduces, one after the other: P (with the uncompressed values), then Q; one new version.
         # Each worker computes P before round one and Q between the rounds; P̂Qᵀ after round two.
         before, between, after = self.stage_seconds(action)
@@ -304,19 +257,19 @@ class _Run:
         yield self.comm.join(w, step, "allreduce", (action.q_bytes,), (1.0,), action.algorithm, self.env.now, 0.0,
                              False, True, between, after)
 
-    def _allgather(self, w: int, step: int, action: SparseAllGather, pending: list):
+    def _allgather(self, w: int, step: int, action: SparseAllGather, pending: PendingCompute):
         # the selection before the all-gather, the scatter-add of every worker's entries after it
         before, after = self.stage_seconds(action)
         return self._join(w, step, "allgather", (action.nbytes,), (1.0,), ALLGATHER, pending, before, after)
 
-    def _outer(self, w: int, step: int, action: OuterStep, pending: list):
+    def _outer(self, w: int, step: int, action: OuterStep, pending: PendingCompute):
         # the pseudo-gradient before the all-reduce, the outer optimiser's step after it
         before, after = self.stage_seconds(action)
         return self._join(w, step, "outer", (action.nbytes,), (1.0,), action.algorithm, pending, before, after)
 
-    def _push(self, w: int, step: int, action: Push, pending: list):
+    def _push(self, w: int, step: int, action: Push, pending: PendingCompute):
         servers = self.servers
-        sent = max(self.env.now + pending[3], pending[0] + pending[1] if pending[2] else 0.0)
+        sent = max(self.env.now + pending.owed, pending.start + pending.duration if pending.outstanding else 0.0)
         delay = self._ready_in(w, step, pending, servers.latency)  # type: ignore[union-attr]
         if delay > 0:
             yield self.env.timeout(delay)
@@ -326,7 +279,7 @@ class _Run:
         self.recorder.event(w, step, _PUSH, sent, self.env.now, action.nbytes)
         servers.arrive(w, step, self.state.read[w], action.aggregate)  # type: ignore[union-attr]
 
-    def _wait(self, w: int, step: int, action: WaitForClock, pending: list):
+    def _wait(self, w: int, step: int, action: WaitForClock, pending: PendingCompute):
         yield from self._settle(w, step, pending)
         # A clock wait the slowest clock last heard of (with the last pull or wake-up) already allows
         # sends nothing. Otherwise it is a request to the servers and their answer, a message each
@@ -342,12 +295,12 @@ class _Run:
         waiter = servers.wait(w, action.slack)  # type: ignore[union-attr]
         if waiter is not None:
             yield waiter
-        pending[3] = servers.latency * (1 if waiter is not None else 2)  # type: ignore[union-attr]
+        pending.owed = servers.latency * (1 if waiter is not None else 2)  # type: ignore[union-attr]
         self.heard[w] = servers.min_clock  # type: ignore[union-attr]  # the answer carries it
-        self.recorder.event(w, step, _WAIT, start, self.env.now + pending[3], 0.0)
+        self.recorder.event(w, step, _WAIT, start, self.env.now + pending.owed, 0.0)
 
-    def _pull(self, w: int, step: int, action: Pull, pending: list):
-        if pending[2] or pending[3]:
+    def _pull(self, w: int, step: int, action: Pull, pending: PendingCompute):
+        if pending.outstanding or pending.owed:
             yield from self._settle(w, step, pending)
         servers = self.servers
         start, version = self.env.now, self.state.version
@@ -355,8 +308,8 @@ class _Run:
         yield servers.pull(action.nbytes)  # type: ignore[union-attr]
         # A pull is a request and a reply: two latencies besides the reply's bytes, both owed, and the
         # server's work to answer it.
-        pending[3] = 2 * servers.latency + servers.service  # type: ignore[union-attr]
-        self.recorder.event(w, step, _PULL, start, self.env.now + pending[3], action.nbytes)
+        pending.owed = 2 * servers.latency + servers.service  # type: ignore[union-attr]
+        self.recorder.event(w, step, _PULL, start, self.env.now + pending.owed, action.nbytes)
         self.state.read[w] = version
 
 

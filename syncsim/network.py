@@ -34,7 +34,7 @@ flow gets more is not systematic but differs from one collision to the next,
 so w0 is the mean preference for the newer flow and sigma how widely a
 collision's split scatters: two colliding flows split in the ratio
 w0 * exp(sigma/sqrt(2) * (Z1 - Z2)), a log-normal of log-sd sigma, which is
-what real.testbed.calibration's sharing probe measures from pairs of
+what real.calibration's sharing probe measures from pairs of
 colliding transfers. Every flow draws its own weight, not only the newest,
 because more flows scatter more: on the testbed, four workers' pulls from
 one server ended a median 11-588 ms apart, 2.5-4.7 times as far as when

@@ -16,7 +16,9 @@ import numpy as np
 
 from syncsim.config import is_number
 
-__all__ = ["parse_size", "parse_time", "parse_bandwidth", "format_size", "format_time"]
+__all__ = ["parse_size", "parse_time", "parse_bandwidth", "format_size", "format_time", "FP32_BYTES"]
+
+FP32_BYTES = 4  # one IEEE 754 binary32 value: a parameter or gradient as a model holds it
 
 _PREFIX = {
     "": 1.0,

@@ -86,16 +86,17 @@ TARGETS = {
     "syncsim/convergence/optimizer.py": Target((CONVERGENCE_TESTS,)),
     # the update rule: the walk and every action's arithmetic (not the loss curve's bookkeeping in replay())
     "syncsim/convergence/replay.py": Target((CONVERGENCE_TESTS,), frozenset({
-        "__init__", "run", "parameters", "_new_version", "_read", "_scale", "_compute", "_local_update", "_join",
-        "_allreduce", "_average", "_push", "_wait", "_pull"})),
+        "__init__", "_init_replicas", "_init_order", "run", "parameters", "_new_version", "_read", "_scale",
+        "_compute", "_local_update", "_join", "_allreduce", "_average", "_push", "_wait", "_pull"})),
     # the server's arithmetic and protocol, in process (whole runs are checked by the executor's target)
     "real/server.py": Target(("tests/unit/test_real_server.py",),
                              frozenset({"shard_bounds", "__init__", "logs_updates", "run", "apply", "wake", "push",
                                         "wait", "pull"})),
     # the executor's arithmetic: what it averages, applies, pushes and loads (not tracing or fault injection)
     "real/executor.py": Target(("tests/unit/test_real_executor.py", EXECUTOR_RUNS),
-                               frozenset({"flat_params", "average", "_load_flat", "push", "pull", "wait", "allreduce",
-                                          "local_update", "_apply"})),
+                               frozenset({"flat_params", "average", "_load_flat", "allreduce", "local_update",
+                                          "_apply"})),
+    "real/pushing.py": Target(("tests/unit/test_real_executor.py", EXECUTOR_RUNS), frozenset({"push", "pull", "wait"})),
     "real/hooks.py": Target(("tests/unit/test_real_hooks.py", HOOK_RUNS)),
     "syncsim/collectives.py": Target(("tests/property/test_collectives.py tests/property/test_overlap.py",)),
 }

@@ -2,7 +2,8 @@
 
 - ``real.testbed.namespaces``: one network namespace per host, tbf-limited veth links on a bridge;
 - ``real.testbed.launcher``: a real.worker run (or any module) as a multi-node torchrun on those hosts;
-- ``python -m real.testbed``: the command line (one run; ``--check`` is the validation study's quick preset).
+- ``python -m real.testbed``: the command line (one run; ``--check`` runs the validation study's quick preset as
+  a program of its own).
 """
 
 from real.testbed.launcher import run, torchrun_on

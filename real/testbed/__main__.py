@@ -4,12 +4,13 @@
 the testbed (real.testbed.namespaces), starts one torchrun *node* per host (real.testbed.launcher,
 real.agent: multi-node c10d rendezvous, one rank per node), merges the outputs, tears the testbed down
 and prints the summary; SIGINT/SIGTERM stop the nodes and keep what was done. ``python -m real.testbed
---check`` is ``python -m studies.validation --quick``.
+--check`` is ``python -m studies.validation --quick``: this process becomes that program (check).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +19,22 @@ from real.testbed.launcher import MAX_RUN_TIMEOUT, run
 from real.testbed.namespaces import QUEUE, Testbed, TestbedUnavailable
 from syncsim.arguments import ArgumentParser, fail, integer, number
 
-__all__ = ["main"]
+__all__ = ["main", "check"]
+
+STUDY = "studies.validation"  # the study --check is, run as its own program
+
+
+def check(prefix: str, options: list[str]) -> None:
+    """Become ``python -m studies.validation --quick --prefix PREFIX OPTIONS``; never returns.
+
+    The check is that study's quick preset exactly, so the process is replaced by it (os.execv) rather
+    than importing it: the testbed's modules never import studies/ (the study imports them), and the
+    study's own output, exit code and signal handling (SIGINT/SIGTERM unwind its testbeds and remove
+    their namespaces) are the check's, with no parent process to forward a signal or hold a second
+    handler."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", STUDY, "--quick", "--prefix", prefix, *options])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,11 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="python -m studies.validation --quick: predicted against measured (its options after --)")
     args = ap.parse_args(ours)
     if args.check:
-        # The one command-line shortcut from the tool to the study: the study imports the testbed, the
-        # testbed's modules never import the study.
-        from studies.validation import main as check
-
-        return check(["--quick", "--prefix", args.prefix, *theirs])
+        check(args.prefix, theirs)
     try:
         if not 0 < args.run_timeout <= MAX_RUN_TIMEOUT:
             raise ValueError(f"--run-timeout must be in (0, {MAX_RUN_TIMEOUT:g}] seconds, got {args.run_timeout:g}")

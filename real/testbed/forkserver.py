@@ -51,7 +51,7 @@ from real.testbed.namespaces import NETNS_ETC
 __all__ = ["start", "ForkedRank", "PRELOAD", "signal_group", "enter"]
 
 # What the testbed's ranks import: loaded once by the server, so a forked rank finds them loaded.
-PRELOAD = ("torch", "torch.distributed", "real.worker", "real.testbed.calibration",
+PRELOAD = ("torch", "torch.distributed", "real.worker", "real.calibration.ranks",
            "pandas")  # rank 0 merges the ranks' files with pandas (real.trace.merge)
 NETNS_RUN = Path("/run/netns")  # where `ip netns add` keeps a handle on each namespace (ip-netns(8))
 START_TIMEOUT = 60.0  # seconds the server may take to import PRELOAD and fork the first rank
@@ -296,11 +296,7 @@ def serve() -> None:
         readable = select.select([requests, wake_r], [], [])[0]
         if wake_r in readable:
             os.read(wake_r, 4096)
-        while ranks:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            answers.write(json.dumps({"id": ranks.pop(pid), "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+        _report_exits(ranks, answers)
         if requests not in readable:
             continue
         chunk = requests.read(65536)
@@ -312,20 +308,36 @@ def serve() -> None:
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
             request = json.loads(line)
-            parent = os.getpid()
-            pid = os.fork()
-            if pid == 0:
-                status = 1
-                try:
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    signal.signal(signal.SIGINT, signal.default_int_handler)
-                    for fd in (wake_r, wake_w, requests.fileno(), answers.fileno()):
-                        os.close(fd)
-                    status = _rank(request, parent)
-                except BaseException:
-                    traceback.print_exc()
-                finally:
-                    os._exit(status)
+            pid = _fork_rank(request, (wake_r, wake_w, requests.fileno(), answers.fileno()))
             ranks[pid] = request["id"]
             answers.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+
+
+def _report_exits(ranks: dict[int, int], answers) -> None:
+    """Reap every rank that has ended and answer its request id with its exit status."""
+    while ranks:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        answers.write(json.dumps({"id": ranks.pop(pid), "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+def _fork_rank(request: dict, server_fds: tuple[int, ...]) -> int:
+    """Fork the rank ``request`` asks for; in the parent its pid. The child restores the signals the server
+    changed, closes the server's own descriptors and never returns."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for fd in server_fds:
+                os.close(fd)
+            status = _rank(request, parent)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    return pid

@@ -68,19 +68,20 @@ differences, not gradients of the scaled loss, and are not scaled either.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from contextlib import nullcontext
 
 import numpy as np
 import pandas as pd
 
-from syncsim.compression import LowRank, Sparsifier, layout, scatter_mean
 from syncsim.config import check_int
+from syncsim.convergence.compressed import CompressedActions
+from syncsim.convergence.home import OUTER, REPLICAS, SERVER, SHARDS
 from syncsim.convergence.log import UpdateLog
-from syncsim.convergence.optimizer import SGD, AdamW, Nesterov
+from syncsim.convergence.optimizer import SGD, AdamW
 from syncsim.convergence.problems import Problem
 from syncsim.convergence.scaler import LossScaling
+from syncsim.convergence.sharded import ShardedActions
 from syncsim.convergence.wire import Wire
 from syncsim.result import SimResult
 from syncsim.schemes import (
@@ -98,8 +99,6 @@ from syncsim.schemes import (
     SparseAllGather,
     WaitForClock,
 )
-from syncsim.schemes.diloco import fragment_bounds
-from syncsim.schemes.topk import top_k
 
 __all__ = ["Replayer", "replay", "DEFAULT_EVALUATIONS"]
 
@@ -108,12 +107,8 @@ __all__ = ["Replayer", "replay", "DEFAULT_EVALUATIONS"]
 # held-out evaluation stays a small share of the replay's cost.
 DEFAULT_EVALUATIONS = 200
 
-SERVER, REPLICAS, OUTER, SHARDS = "server", "replicas", "outer", "shards"
-# The collectives a sharded step joins: its reduce-scatter, then its workers' shard steps.
-_SCATTER, _SHARD_STEP = "reduce-scatter", "shard step"
 
-
-class Replayer:
+class Replayer(CompressedActions, ShardedActions):
     """The state of one replay: worker replicas, server parameters, optimiser and loss-scaler state.
 
     ``run(on_version=..., on_compute=...)`` walks the updates table; the hooks
@@ -141,41 +136,10 @@ class Replayer:
         self.sampler = problem.sampler(batch, workers, seed)
 
         x0 = np.asarray(problem.init(seed), dtype=float)
-        self.replicas = np.tile(x0, (workers, 1))
-        self.replica_velocity = np.zeros_like(self.replicas)
-        self.server = x0.copy()
-        self.server_velocity = np.zeros_like(x0)
-        self.pulled = [False] * workers
-        self.gradients: list[np.ndarray | None] = [None] * workers
-        self.home = REPLICAS      # which copy holds the authoritative parameters
-        self.version = 0
-        self.applied = 0          # gradients folded into the authoritative parameters so far
-        self.skipped = 0          # optimiser steps skipped for overflow
-
-        updates = log.updates
-        order = np.lexsort((updates["step"].to_numpy(), updates["worker"].to_numpy(),
-                            updates["version_applied"].to_numpy()))
-        self.columns = [updates[c].to_numpy()[order].tolist()
-                        for c in ("worker", "step", "version_read", "version_applied", "time_applied")]
-        # A gradient reads at most max-staleness versions back: keep that many server versions.
-        self.depth = int(updates["staleness"].max()) + 1 if len(updates) else 1
-        self.history = np.empty((self.depth, len(x0)))
-        self.history[0] = self.wire.send(x0)
-        # Per-worker state of the compressed and DiLoCo actions, made when first needed.
-        self.adamw = AdamW(lr)
-        self.adam_moments: tuple[np.ndarray, np.ndarray] | None = None   # (exp_avg, exp_avg_sq) per worker
-        self.adam_steps = np.zeros(workers, dtype=np.int64)
-        self.compressors: list = []       # one LowRank or Sparsifier per worker
-        self._compressor_key: tuple | None = None
-        self.reduced: np.ndarray | None = None   # the last gradient every replica applied (compressed actions)
-        self.outer = x0.copy()                  # DiLoCo: every fragment's value at its last outer step
-        self.outer_velocity = np.zeros_like(x0)  # its Nesterov buffer (fragments are disjoint: per-fragment state)
-        # Sharded data parallelism: the master parameters, worker w owning shard w (with its optimiser state),
-        # the mean gradient each keeps of its shard, and the workers whose gathers wait for this step's shard steps.
-        self.master = x0.copy()
-        self.master_velocity = np.zeros_like(x0)
-        self.scattered: np.ndarray | None = None
-        self._gather_after: list[int] = []
+        self._init_replicas(x0, lr)
+        self._init_order(log.updates, x0)
+        self._init_compressed(x0)
+        self._init_sharded(x0)
         self._joins: dict[object, list[int]] = {}   # workers joined so far, per collective
         self._round: list[tuple[np.ndarray, bool]] = []
         self._handlers: dict[type, Callable] = {
@@ -188,6 +152,35 @@ class Replayer:
         self.on_version: Callable | None = None
         self.on_compute: Callable | None = None
         self._stop = False
+
+    def _init_replicas(self, x0: np.ndarray, lr: float) -> None:
+        """The workers' replicas and the servers' parameters, with their optimisers' state."""
+        workers = self.workers
+        self.replicas = np.tile(x0, (workers, 1))
+        self.replica_velocity = np.zeros_like(self.replicas)
+        self.server = x0.copy()
+        self.server_velocity = np.zeros_like(x0)
+        self.pulled = [False] * workers
+        self.gradients: list[np.ndarray | None] = [None] * workers
+        self.home = REPLICAS      # which copy holds the authoritative parameters
+        self.version = 0
+        self.applied = 0          # gradients folded into the authoritative parameters so far
+        self.skipped = 0          # optimiser steps skipped for overflow
+        # LocalUpdate(optimizer="adamw"): each worker's own AdamW state, made when first needed
+        self.adamw = AdamW(lr)
+        self.adam_moments: tuple[np.ndarray, np.ndarray] | None = None   # (exp_avg, exp_avg_sq) per worker
+        self.adam_steps = np.zeros(workers, dtype=np.int64)
+
+    def _init_order(self, updates: pd.DataFrame, x0: np.ndarray) -> None:
+        """The updates table in applied order, and the server versions a gradient may still read."""
+        order = np.lexsort((updates["step"].to_numpy(), updates["worker"].to_numpy(),
+                            updates["version_applied"].to_numpy()))
+        self.columns = [updates[c].to_numpy()[order].tolist()
+                        for c in ("worker", "step", "version_read", "version_applied", "time_applied")]
+        # A gradient reads at most max-staleness versions back: keep that many server versions.
+        self.depth = int(updates["staleness"].max()) + 1 if len(updates) else 1
+        self.history = np.empty((self.depth, len(x0)))
+        self.history[0] = self.wire.send(x0)
 
     # -- the walk -------------------------------------------------------------------
     def run(self, on_version: Callable | None = None, on_compute: Callable | None = None) -> Replayer:
@@ -319,113 +312,6 @@ class Replayer:
         else:
             self.optimizer.step(self.server, self.server_velocity, sent * (1.0 / self.workers))
         self._new_version(a, time, SERVER)
-
-    def _compressors(self, key: tuple, make: Callable[[], object]) -> list:
-        """The workers' compressors for ``key`` (made on first use; a run's plan has one kind)."""
-        if self._compressor_key != key:
-            if self._compressor_key is not None:
-                raise RuntimeError(f"a run's compressed all-reduce changed from {self._compressor_key} to {key}: "
-                                   f"the replay keeps one compressor state per worker")
-            self._compressor_key = key
-            self.compressors = [make() for _ in range(self.workers)]
-        return self.compressors
-
-    def _low_rank(self, w, t, r, a, time, action) -> None:
-        if not self._join(w):
-            return
-        problem = self.problem
-
-        def make() -> LowRank:
-            shapes = tuple(tuple(int(n) for n in shape) for shape in problem.shapes)
-            values = sum(math.prod(shape) for shape in shapes)
-            if values != problem.dim:
-                raise ValueError(f"{type(problem).__name__}.shapes hold {values} values but its dim is "
-                                 f"{problem.dim}")
-            return LowRank(layout(shapes, action.rank, action.min_compression), seed=self.seed,
-                           send=self.wire.send)
-
-        workers = self._compressors(("powersgd", action.rank, action.min_compression), make)
-        mean = self.wire.mean
-        # round one: the uncompressed values and every P; the compressors send them at wire precision
-        starts = [c.start(g) for c, g in zip(workers, self.gradients)]
-        plain = mean(np.stack([plain for plain, _ in starts]))
-        p_mean = [mean(np.stack([ps[i] for _, ps in starts])) for i in range(len(starts[0][1]))]
-        # round two: every Q = MᵀP̂
-        middles = [c.middle(p_mean) for c in workers]
-        q_mean = [mean(np.stack([qs[i] for qs in middles])) for i in range(len(middles[0]))]
-        # every worker computes the same applied gradient (same means, same arithmetic); each keeps its residual
-        applied = [c.finish(plain, q_mean) for c in workers]
-        self._apply(applied[0], a, time)
-
-    def _sparse(self, w, t, r, a, time, action) -> None:
-        if not self._join(w):
-            return
-        dim = self.problem.dim
-        k = top_k(dim, action.ratio)
-        workers = self._compressors(("topk", k), lambda: Sparsifier(dim, k, send=self.wire.send))
-        sent = [c.compress(g) for c, g in zip(workers, self.gradients)]
-        # all-gather: every worker receives every (indices, values) as sent and sums them itself
-        self._apply(scatter_mean([i for i, _ in sent], [v for _, v in sent], dim), a, time)
-
-    def _apply(self, gradient: np.ndarray, a: int, time: float) -> None:
-        self.reduced = gradient
-        self.optimizer.step(self.replicas, self.replica_velocity, gradient)
-        self._new_version(a, time, REPLICAS)
-
-    def _outer(self, w, t, r, a, time, action) -> None:
-        if not self._join(w):
-            return
-        bounds = fragment_bounds(self.problem.dim, action.count)
-        for fragment in action.fragments:  # one all-reduce carries them all; each has its own outer state
-            start, stop = bounds[fragment]
-            outer = self.outer[start:stop]
-            # the mean pseudo-gradient: each worker sends (last outer value - its replica) at wire precision
-            pseudo = self.wire.mean(outer[None, :] - self.replicas[:, start:stop])
-            Nesterov(action.lr, action.momentum).step(outer, self.outer_velocity[start:stop], pseudo)
-            self.replicas[:, start:stop] = outer
-        self._new_version(a, time, OUTER)
-
-    def _reduce_scatter(self, w, t, r, a, time, action) -> None:
-        if not self._join(w, _SCATTER):
-            return
-        # the mean of every worker's gradient, as an all-reduce makes it (wire rounding, loss scaling); each
-        # worker keeps its shard of it (its row's slice, unscaled by its own scale)
-        scaled = np.stack(self.gradients)
-        scales = np.array([self._scale(v) for v in range(self.workers)])
-        if self.scaler is not None:
-            scaled *= scales[:, None]
-        reduced = self.wire.mean(scaled)
-        if self.scaler is None:
-            self.scattered = np.broadcast_to(reduced, scaled.shape)
-            return
-        found_inf = not np.isfinite(reduced).all()
-        for v in range(self.workers):
-            self.scaler.update(v, found_inf)
-        self.scattered = None if found_inf else reduced[None, :] / scales[:, None]
-
-    def _shard_step(self, w, t, r, a, time, action) -> None:
-        if not self._join(w, _SHARD_STEP):
-            return
-        if self.scattered is None:  # an overflow: every worker skips its shard's step, as all-reduce's replicas do
-            self.skipped += 1
-        else:
-            for v, (start, stop) in enumerate(fragment_bounds(self.problem.dim, self.workers)):
-                self.optimizer.step(self.master[start:stop], self.master_velocity[start:stop],
-                                    self.scattered[v, start:stop])
-        self.scattered = None
-        waiting, self._gather_after = self._gather_after, []
-        for v in waiting:
-            self.replicas[v] = self.wire.send(self.master)
-        self._new_version(a, time, SHARDS)
-
-    def _gather(self, w, t, r, a, time, action) -> None:
-        # A gather after the worker's own shard step of this step (ZeRO-1/2's) receives every worker's updated
-        # shard: it waits for the last shard step. One before it (before forward or backward) reads the shards
-        # as they are, every shard step before it done.
-        if w in self._joins.get(_SHARD_STEP, ()):
-            self._gather_after.append(w)
-        else:
-            self.replicas[w] = self.wire.send(self.master)
 
     def _wait(self, w, t, r, a, time, action) -> None:
         return None

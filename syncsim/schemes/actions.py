@@ -111,7 +111,7 @@ __all__ = [
     "Action", "Compute", "AllReduceGradients", "LocalUpdate", "AverageParameters",
     "Push", "WaitForClock", "Pull", "LowRankAllReduce", "SparseAllGather", "OuterStep", "SERVER_ACTIONS",
     "INDEX_BYTES", "LOCAL_OPTIMIZERS", "ReduceScatterGradients", "ShardedOptimizerStep", "AllGatherParameters",
-    "GATHER_PHASES", "SHARDED_ACTIONS",
+    "GATHER_PHASES", "SHARDED_ACTIONS", "COLLECTIVE_SYNCS",
 ]
 
 # Bytes of one index of a sparse gradient on the wire: int32, enough for 2^31 values per tensor.
@@ -323,6 +323,11 @@ class AllGatherParameters(Action):
 # The actions of sharded data parallelism: the simulator schedules a step's sharded actions together with
 # its compute (syncsim.communicator.Communicator.join_schedule).
 SHARDED_ACTIONS = (ReduceScatterGradients, ShardedOptimizerStep, AllGatherParameters)
+
+# The actions by which the workers synchronise in one collective they all join (a sharded step's by its
+# reduce-scatter, which its gathers accompany): the workers leave it together.
+COLLECTIVE_SYNCS = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep,
+                    ReduceScatterGradients)
 
 # The actions that talk to parameter servers: a plan with any of them needs server hosts (the
 # simulator's ServerGroup, the executor's client and server ranks).

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.collectives import allgather_inter_hops, allgather_time, allreduce_time
-from syncsim.engine import compression_work
+from syncsim.compression.work import compression_work
 from syncsim.metrics import step_ends
 from syncsim.schemes import AllReduce, LowRankAllReduce, OuterStep, SparseAllGather, TopK, parse
 from tests.property.collective_reference import critical_hops, ring_pattern

@@ -38,6 +38,17 @@ def test_reducescatter_is_the_textbook_ring_on_single_gpu_nodes(p, n, alpha, ban
     assert sharded_allgather_time(cluster, n) == pytest.approx(expected, rel=1e-12)  # the same pass, run forwards
 
 
+# Basis: Cluster.reducescatter_traffic and allgather_traffic are defined as multipliers of the ring's byte term
+# alone: (p-1)·alpha + k·(p-1)/p·n/B; the latencies a backend pays are its launches and hops, not its bytes.
+@given(st.integers(2, 64), sizes, latencies, bandwidths, st.floats(0.5, 4.0), st.floats(0.5, 4.0))
+def test_traffic_factors_scale_the_byte_term_alone(p, n, alpha, bandwidth, scatter, gather):
+    cluster = Cluster.homogeneous(p, Link(bandwidth, alpha), reducescatter_traffic=scatter, allgather_traffic=gather)
+    assert reducescatter_time(cluster, n) == pytest.approx((p - 1) * alpha + scatter * (p - 1) / p * n / bandwidth,
+                                                           rel=1e-12)
+    assert sharded_allgather_time(cluster, n) == pytest.approx((p - 1) * alpha + gather * (p - 1) / p * n / bandwidth,
+                                                               rel=1e-12)
+
+
 # Basis: NCCL's rings built channel by channel (tests/property/collective_reference.py): a reduce-scatter of n is
 # one pass of p - 1 steps in which each channel's ring edge carries (p-1)/p·n over its 1/r share, and a shard
 # crosses p - 1 consecutive hops.

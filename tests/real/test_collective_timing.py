@@ -1,4 +1,4 @@
-"""The link probe times a collective from the last rank's arrival, as syncsim starts one (real.testbed.calibration)."""
+"""The link probe times a collective from the last rank's arrival, as syncsim starts one (real.calibration.timing)."""
 
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ def _rank(rank: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from real.testbed import calibration
+    from real.calibration import timing
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     if rank == 1:  # rank 1 leaves each round's rest LATE seconds after rank 0
-        calibration.time = types.SimpleNamespace(perf_counter=time.perf_counter,
-                                                 sleep=lambda s: time.sleep(s + LATE))
+        timing.time = types.SimpleNamespace(perf_counter=time.perf_counter,
+                                            sleep=lambda s: time.sleep(s + LATE))
     buf = torch.zeros(1024)
-    timings = {kind: [calibration._timed_once(lambda: dist.all_reduce(buf), 0.0, from_last=kind == "from_last")
+    timings = {kind: [timing.timed_once(lambda: dist.all_reduce(buf), 0.0, from_last=kind == "from_last")
                       for _ in range(3)]
                for kind in ("slowest", "from_last")}
     if rank == 0:
@@ -54,20 +54,20 @@ def test_a_collective_is_timed_from_the_last_rank_s_arrival(tmp_path):
 
 
 def _at_size_rank(rank: int, port: int, out: str) -> None:
-    from real.testbed import calibration
+    from real.calibration.link_probe import link_rank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    calibration._probe_rank(out, repeats=1, idle=1e-3, at=[(4096, "fp32"), (2048, "fp16")], sweep_sizes=False)
+    link_rank(out, repeats=1, idle=1e-3, at=[(4096, "fp32"), (2048, "fp16")], sweep_sizes=False)
 
 
 @pytest.mark.distributed
 def test_the_link_probe_times_the_runs_own_sizes_each_after_a_busy_rest(tmp_path):
-    # --at sizes are all-reduced at_repeats times each (real.testbed.calibration._probe_rank: as many as
+    # --at sizes are all-reduced at_repeats times each (real.calibration.link_probe.link_rank: as many as
     # AT_SECONDS hold, AT_REPEATS to AT_MAX_REPEATS), from the last rank's arrival, after each rank kept its
     # core busy for the rest; --no-sweep times nothing else. The ranks agree on the count (each sets it
     # from the same max-reduced first timing): had they not, one would wait at a collective the other never
     # joins, and the spawn would not return.
-    from real.testbed.calibration import AT_MAX_REPEATS, AT_REPEATS
+    from real.calibration.timing import AT_MAX_REPEATS, AT_REPEATS
 
     out = tmp_path / "probe.json"
     mp.spawn(_at_size_rank, args=(_free_port(), str(out)), nprocs=2, join=True)

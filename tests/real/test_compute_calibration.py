@@ -1,4 +1,4 @@
-"""The compute probe times the executor's own step without its communication (real.testbed.calibration).
+"""The compute probe times the executor's own step without its communication (real.calibration.compute_probe).
 
 The simulator is given a compute time and prices communication from the link fits; a run's step is the
 executor's loop. So the probe must time that loop, bookkeeping included: a sub-millisecond step of the
@@ -45,7 +45,7 @@ def _rank(rank: int, port: int, folder: str) -> None:
 
     import torch.distributed as dist
 
-    from real.testbed import calibration
+    from real.calibration import compute_probe as calibration
     from real.trace import Recorder
 
     _join(rank, 1, port, calibration, 0.3)
@@ -60,16 +60,16 @@ def _rank(rank: int, port: int, folder: str) -> None:
     results = {}
     for scheme in SCHEMES:
         Recorder.span = span
-        plain = calibration._time_worker_steps("mlp", 32, scheme, folder)
+        plain = calibration.time_worker_steps("mlp", 32, scheme, folder)
         Recorder.span, calls["n"] = slow_span, 0
-        slowed = calibration._time_worker_steps("mlp", 32, scheme, folder)
+        slowed = calibration.time_worker_steps("mlp", 32, scheme, folder)
         steps = calibration.COMPUTE_WARMUP + len(slowed["steps"]) + sum(map(len, slowed["after_idle"]))
         results[scheme] = {"plain": statistics.fmean(plain["steps"]), "slowed": statistics.fmean(slowed["steps"]),
                            "spans_per_step": calls["n"] / steps, "forward": statistics.fmean(plain["forward"]),
                            "backward": statistics.fmean(plain["backward"]), "layers": plain["layers"],
                            "after_idle": plain["after_idle"]}
     Recorder.span = span
-    straggler = calibration._time_worker_steps("mlp", 32, "allreduce", folder, slow=SLOW)
+    straggler = calibration.time_worker_steps("mlp", 32, "allreduce", folder, slow=SLOW)
     results["straggler"] = {k: straggler[k] for k in ("steps", "forward", "backward", "slow_wait")}
     with open(os.path.join(folder, "compute.json"), "w") as f:
         json.dump(results, f)
@@ -84,8 +84,8 @@ def test_the_compute_probe_times_the_executor_s_own_step_bookkeeping_included(tm
     # A rank probed with --slow F sleeps (F-1) x COMPUTE_PER_FORWARD x its warm forward (timed once, back to
     # back) between forward and backward (real.executor), so each of its steps holds its forward, that sleep
     # and a backward: the slowed step studies.validation gives the simulator is measured with the sleep in it.
+    from real.calibration import compute_probe as calibration
     from real.executor import COMPUTE_PER_FORWARD
-    from real.testbed import calibration
 
     wait = straggler["slow_wait"]
     # the sleep is sized from a forward of this model: within a factor of the steps' own forwards (which
@@ -112,7 +112,7 @@ def test_the_compute_probe_times_the_executor_s_own_step_bookkeeping_included(tm
 
 
 def test_free_network_does_the_worker_s_tensor_work_and_sends_nothing():
-    from real.testbed.calibration import FreeNetwork
+    from real.calibration.compute_probe import FreeNetwork
 
     params = torch.arange(6, dtype=torch.float32)
     client = FreeNetwork(params, torch.float16)
@@ -125,12 +125,12 @@ def test_free_network_does_the_worker_s_tensor_work_and_sends_nothing():
 def _meeting_rank(rank: int, port: int, folder: str) -> None:
     import torch.distributed as dist
 
-    from real.testbed import calibration
+    from real.calibration import compute_probe as calibration
 
     _join(rank, 2, port, calibration, 0.2)
     mine = {}
     for scheme in ("allreduce", "localsgd:period=4", "ps"):
-        timed = calibration._time_worker_steps("mlp", 32, scheme, folder, slow=SLOW if rank == 1 else 1.0)
+        timed = calibration.time_worker_steps("mlp", 32, scheme, folder, slow=SLOW if rank == 1 else 1.0)
         mine[scheme] = [len(timed["steps"]), timed["meetings"]]
     gathered = [None, None]
     dist.all_gather_object(gathered, mine)
@@ -145,7 +145,7 @@ def test_the_compute_probe_s_ranks_meet_where_their_scheme_s_collectives_are(tmp
     # A run's workers leave each collective together and then compute at once, so the probe's ranks meet
     # after every step whose plan all-reduces (every step) or averages (every 4th of local SGD), and stop
     # together: a slowed rank and its peer time as many steps. Ranks of a parameter server never meet.
-    from real.testbed.calibration import COMPUTE_WARMUP
+    from real.calibration.compute_fit import COMPUTE_WARMUP
 
     mp.spawn(_meeting_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     fast, slowed = json.loads((tmp_path / "meetings.json").read_text())

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from real.calibration.server_fit import fit_service
+from real.calibration.server_probe import measure_server
+from real.calibration.sharded_probe import measure_sharded
+from real.calibration.sharing_probe import SHARING_OFFSETS, measure_sharing
 from real.config import RunConfig
 from real.testbed import Testbed, TestbedConfig, run
-from real.testbed.calibration import SHARING_OFFSETS, measure_sharing
 from real.testbed.namespaces import NETNS_ETC, namespaces
-from real.testbed.server_probe import fit_service, measure_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "sstbtest"  # distinct from the CLI's default, so a test never removes a user's leftovers
@@ -238,3 +240,20 @@ def test_the_server_probe_times_one_worker_s_requests_no_faster_than_the_link_ca
     assert fit_service(got, 3e-4, 23.9e6, burst, size) >= 0
     assert measure_server("200Mbit/s", tmp_path, size, "fp32", prefix=PREFIX, repeats=2) == got
     assert namespaces(PREFIX) == []
+
+
+def test_the_sharded_probe_times_a_step_s_collectives_as_fsdp_and_zero_issue_them(tmp_path):
+    # FSDP's reshard=true gathers the whole small model twice a step and reduce-scatters it once; at two hosts
+    # each moves (p - 1)/p of its 407 kB through a 25 MB/s shaper, so no step's kind is done before that
+    # much minus a bucket has crossed (the gathers: twice). ZeRO-1's reduces to the owners and its broadcasts
+    # carry as much. Cached: asked again, nothing runs, and no namespace is left.
+    half, rate = 407_080 / 2, 25e6
+    burst = TestbedConfig(hosts=2, bandwidth="200Mbit/s").burst
+    for scheme, gathers in (("fsdp", 2), ("zero:stage=1", 1)):
+        got = measure_sharded("200Mbit/s", tmp_path, scheme, "mlp", 2, prefix=PREFIX, repeats=2)
+        assert len(got["reducescatter"]) == len(got["allgather"]) == 2
+        assert all(t >= (half - burst) / rate for t in got["reducescatter"]), got
+        assert all(t >= gathers * (half - burst) / rate for t in got["allgather"]), got
+        assert measure_sharded("200Mbit/s", tmp_path, scheme, "mlp", 2, prefix=PREFIX, repeats=2) == got
+    assert namespaces(PREFIX) == []
+

@@ -10,6 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from real.validation.config import KEY
+from real.validation.verdict import failed
 from studies import validation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +22,7 @@ LOOSE_MEDIAN, LOOSE_MAX = 0.15, 0.35
 # the simulator keeps the workers in the alternating schedule, the testbed slides them through
 # colliding transfers. Measured on the straggler row at batch 32: -28 %, -29 % (quiet machine), -35 %,
 # -36 % (CI); at the quick preset's batch 256: -5 %, -6 %; with the slowed step measured by the probe
-# (studies.validation.slow_speed), five repeats at batch 256: -30 % .. +3 %, median -9 %. Held to its own
+# (real.validation.calibration.slow_speed), five repeats at batch 256: -30 % .. +3 %, median -9 %. Held to its own
 # one-sided bound, so that the miss, where it shows, is neither hidden nor allowed to grow without a failure.
 KNOWN_STRAGGLER_MIN = -0.5
 # The one-worker row sends nothing: it compares a compute calibration with a compute-only run taken a
@@ -39,9 +41,9 @@ def test_quick_validation_predicts_every_row_within_a_loose_bound(tmp_path):
                            "--prefix", "sstbval"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = pd.read_csv(tmp_path / "validation.csv", keep_default_na=False, na_values=[""])
-    assert len(data) == len(validation.quick_grid()) and not validation.failed(data).any(), data["error"].tolist()
+    assert len(data) == len(validation.quick_grid()) and not failed(data).any(), data["error"].tolist()
     errors = data["rel_error"].abs()
-    shown = data[list(validation.KEY) + ["rel_error"]]
+    shown = data[list(KEY) + ["rel_error"]]
     straggler_ps = (data["slow"] > 1) & data["scheme"].str.startswith("ps")
     baseline = (data["world"] == 1) & (data["servers"] == 0)
     assert baseline.sum() == 1 and errors[baseline].max() <= BASELINE_MAX, shown
@@ -68,7 +70,7 @@ def _compressing_rank(rank: int, port: int, folder: str) -> None:
     import torch.distributed as dist
 
     from real import executor
-    from real.testbed import calibration
+    from real.calibration import compute_probe as calibration
     from syncsim.compression import LowRank, Sparsifier
     from tests.real.test_compute_calibration import _join
 
@@ -85,10 +87,10 @@ def _compressing_rank(rank: int, port: int, folder: str) -> None:
 
     mine = {}
     for scheme in COMPRESSING:
-        plain = calibration._time_worker_steps("mlp", 32, scheme, folder)
+        plain = calibration.time_worker_steps("mlp", 32, scheme, folder)
         for (owner, name), original in originals.items():
             setattr(owner, name, planted(original))
-        slowed = calibration._time_worker_steps("mlp", 32, scheme, folder)
+        slowed = calibration.time_worker_steps("mlp", 32, scheme, folder)
         for (owner, name), original in originals.items():
             setattr(owner, name, original)
         mine[scheme] = {"plain": statistics.fmean(plain["steps"]), "slowed": statistics.fmean(slowed["steps"]),
@@ -112,7 +114,7 @@ def test_the_compute_probe_of_a_compressing_scheme_holds_its_compressor_s_work_a
 
     import torch.multiprocessing as mp
 
-    from real.testbed.calibration import COMPUTE_WARMUP
+    from real.calibration.compute_fit import COMPUTE_WARMUP
     from tests.real.test_compute_calibration import _free_port
 
     mp.spawn(_compressing_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
@@ -138,7 +140,7 @@ def test_a_compressing_scheme_s_row_is_predicted_within_a_loose_bound_and_its_lo
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = pd.read_csv(tmp_path / "validation.csv", keep_default_na=False, na_values=[""])
-    assert not validation.failed(data).any(), data["error"].tolist()
+    assert not failed(data).any(), data["error"].tolist()
     row = data[data["scheme"] == "topk:ratio=0.1"].iloc[0]
     assert abs(row["rel_error"]) <= LOOSE_MAX, row[["predicted_step_time", "measured_step_time"]].to_dict()
     assert row["link_at_size"] > 0 and row["loss_steps"] > 0 and row["loss_rel_max"] < 1e-2
@@ -146,12 +148,12 @@ def test_a_compressing_scheme_s_row_is_predicted_within_a_loose_bound_and_its_lo
 
 
 def _gather_rank(rank: int, port: int, out: str) -> None:
-    from real.testbed import calibration
+    from real.calibration.link_probe import link_rank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       OMP_NUM_THREADS="1")
-    calibration._probe_rank(out, repeats=1, idle=1e-3, at=[(2760, "fp32")], sweep_sizes=False,
-                            gather=[(1018, "fp32"), (17, "bf16")])
+    link_rank(out, repeats=1, idle=1e-3, at=[(2760, "fp32")], sweep_sizes=False,
+              gather=[(1018, "fp32"), (17, "bf16")])
 
 
 @pytest.mark.distributed
@@ -163,7 +165,7 @@ def test_the_link_probe_times_a_top_k_exchange_at_the_run_s_k_with_its_all_reduc
 
     import torch.multiprocessing as mp
 
-    from real.testbed.calibration import AT_MAX_REPEATS, AT_REPEATS
+    from real.calibration.timing import AT_MAX_REPEATS, AT_REPEATS
     from tests.real.test_compute_calibration import _free_port
 
     out = tmp_path / "probe.json"

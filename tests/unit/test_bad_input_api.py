@@ -67,6 +67,7 @@ TARGETS = {
         "nics_per_node": bad_counts(1, MAX_GPUS), "oversubscription": bad_reals(1.0),
         "collective_latency": bad_units(TIME, low_open=False), "chunk_bytes": bad_units(SIZE, low=1.0, low_open=False),
         "straggler_prob": bad_reals(0.0, 1.0), "straggler_slowdown": bad_reals(1.0),
+        "reducescatter_traffic": bad_reals(0.1, 100.0), "allgather_traffic": bad_reals(0.1, 100.0),
         "speed": st.one_of(not_values().filter(lambda v: v is not None and not isinstance(v, list)),
                            st.lists(st.floats(0.5, 2), min_size=1, max_size=3).filter(lambda s: len(s) != 4),
                            st.lists(bad_reals(0.0, low_open=True), min_size=4, max_size=4))}),

@@ -100,7 +100,8 @@ ENTRY_POINTS = {
     "real.calibrate": ({"--model": lambda s: bad_choice_text(MODELS), "--world": lambda s: bad_int_text(1, 2**20),
                         "--servers": lambda s: bad_int_text(0, 2**20), "--batch-size": lambda s: bad_int_text(1, BATCH),
                         "--repeats": lambda s: bad_int_text(1, 10_000), "--out": bad_file}, [], [],
-                       ["real.calibrate.measure_compute", "real.calibrate.measure_network"]),
+                       ["real.calibration.machine.measure_forward_backward",
+                        "real.calibration.machine.measure_network"]),
     "real.bench": ({"--model": lambda s: bad_choice_text(MODELS), "--data": lambda s: bad_choice_text(DATA),
                     "--world": lambda s: bad_int_text(1, 2**20), "--steps": lambda s: bad_int_text(5, STEPS - 1),
                     "--batch-size": lambda s: bad_int_text(1, BATCH),
@@ -125,17 +126,17 @@ ENTRY_POINTS = {
                                  "--window": lambda s: bad_real_text(0.0, 30.0, low_open=True),
                                  "--lag": lambda s: bad_real_text(0.0, 30.0, low_open=True), "--out": bad_file},
                                 [], [], ["real.testbed.steadiness.measure_steadiness"]),
-    "real.testbed.calibration": ({"--repeats": lambda s: bad_int_text(1, 10_000),
-                                  "--idle": lambda s: bad_real_text(0.0, 60.0),
-                                  "--at": lambda s: st.sampled_from(["3:fp16", "x:fp32", "4:fp64", "0:fp32", "6:fp32",
-                                                                     "-4:fp32", "4", "\u0664:fp32",
-                                                                     "4:fp32,5:fp16", " 4:fp32"]),
-                                  "--precisions": lambda s: st.sampled_from(["fp8", "fp16,fp64", "FP16", " fp16"]),
-                                  "--model": lambda s: bad_choice_text(MODELS),
-                                  "--batch-size": lambda s: bad_int_text(1, BATCH),
-                                  "--scheme": lambda s: BAD_SCHEMES,
-                                  "--compute": bad_file}, ["--compute", "/tmp/syncsim-fuzz-never-written.json"], [],
-                                 ["real.testbed.calibration._probe_rank", "real.testbed.calibration._compute_rank"]),
+    "real.calibration": ({"--repeats": lambda s: bad_int_text(1, 10_000),
+                          "--idle": lambda s: bad_real_text(0.0, 60.0),
+                          "--at": lambda s: st.sampled_from(["3:fp16", "x:fp32", "4:fp64", "0:fp32", "6:fp32",
+                                                             "-4:fp32", "4", "\u0664:fp32",
+                                                             "4:fp32,5:fp16", " 4:fp32"]),
+                          "--precisions": lambda s: st.sampled_from(["fp8", "fp16,fp64", "FP16", " fp16"]),
+                          "--model": lambda s: bad_choice_text(MODELS),
+                          "--batch-size": lambda s: bad_int_text(1, BATCH),
+                          "--scheme": lambda s: BAD_SCHEMES,
+                          "--compute": bad_file}, ["--compute", "/tmp/syncsim-fuzz-never-written.json"], [],
+                         ["real.calibration.link_probe.link_rank", "real.calibration.compute_probe.compute_rank"]),
     "real.testbed.launch_bench": ({"--runs": lambda s: bad_int_text(1, 100),
                                    "--model": lambda s: bad_choice_text(MODELS), "--scheme": lambda s: BAD_SCHEMES,
                                    "--bandwidth": lambda s: BAD_UNITS}, [], [],
@@ -148,7 +149,9 @@ ENTRY_POINTS = {
                                    "--features": lambda s: bad_int_text(1, FEATURES)}, [], [],
                                   ["syncsim.engine._Run"]),
 }
-MAINS = {"syncsim": "syncsim.cli", "real.testbed": "real.testbed.__main__"}  # where main() lives, if not in the module
+# where main() lives, if not in the module
+MAINS = {"syncsim": "syncsim.cli", "real.testbed": "real.testbed.__main__",
+         "real.calibration": "real.calibration.ranks", "studies.published": "studies.published.study"}
 
 
 class Tripwire(Exception):
@@ -259,7 +262,7 @@ SAMPLES = [
     ("studies.validation", ["--steps", "0"], "steps"),
     ("real.testbed.steadiness", ["--window", "0"], "--window"),
     ("studies.repeatability", ["--times", "1"], "--times"),
-    ("real.testbed.calibration", ["--compute", "c.json", "--repeats", "0"], "--repeats"),
+    ("real.calibration", ["--compute", "c.json", "--repeats", "0"], "--repeats"),
     ("real.faults", ["--timeout", "0"], "--timeout"),
     ("syncsim.bench", ["--bogus"], "--bogus"),
     ("syncsim.convergence.bench", ["--updates", "-3"], "updates"),

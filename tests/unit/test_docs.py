@@ -102,6 +102,9 @@ def test_the_readme_names_one_commit_the_one_its_table_was_measured_on():
 
 # -- counts the pages state, read from the code ------------------------------------------------------------
 def _counts() -> dict[str, int]:
+    from real.validation.config import STEPS
+    from real.validation.losses import LOSS_STEPS
+    from real.validation.prediction import LONG_RUN, MIN_STEPS, PREDICTION_SEEDS
     from studies import scaling, tradeoffs, validation
 
     return {
@@ -115,19 +118,19 @@ def _counts() -> dict[str, int]:
         "tradeoffs": len(tradeoffs.SCHEMES) * len(tradeoffs.RATES) * tradeoffs.SEEDS,
         "tradeoffs_seeds": tradeoffs.SEEDS,
         "quick_batch": validation.QUICK_BATCH,
-        "steps": validation.STEPS,
-        "min_steps": validation.MIN_STEPS,
-        "long_run": validation.LONG_RUN,
-        "loss_steps": validation.LOSS_STEPS,
+        "steps": STEPS,
+        "min_steps": MIN_STEPS,
+        "long_run": LONG_RUN,
+        "loss_steps": LOSS_STEPS,
         "steadiness": validation.STEADINESS,
         "quick_steadiness": validation.QUICK_STEADINESS,
-        "seeds": validation.PREDICTION_SEEDS,
+        "seeds": PREDICTION_SEEDS,
     }
 
 
 def _targets() -> str:
-    """The validation's targets as real.md words them, from studies.verdict's bounds."""
-    from studies.verdict import GRID_SECONDS, MISS, TARGETS
+    """The validation's targets as real.md words them, from real.validation.verdict's bounds."""
+    from real.validation.verdict import GRID_SECONDS, MISS, TARGETS
 
     step_median, step_max, speedup_median, speedup_max, staleness = (round(t.bound * 100) for t in TARGETS)
     return (f"step time median ≤ {step_median} % and max ≤ {step_max} %, speedup median ≤ {speedup_median} % "

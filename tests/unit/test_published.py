@@ -7,11 +7,17 @@ import re
 import pandas as pd
 import pytest
 
-from studies import published
-from studies.published import DATA, HOST_STAGED, OUTSIDE, Dataset, bounded, host_staged, load, predict, summary
+from studies.published.components import INTRA
+from studies.published.dataset import DATA, HOST_STAGED, OUTSIDE, SHARDED_SCHEMES, Dataset, host_staged, load
+from studies.published.predict import predict, training_rows
+from studies.published.rows import simulated_steps, sync_period
+from studies.published.sharded import SHARDED_WHAT, calibration_rows, sharded_rows
+from studies.published.study import main
+from studies.published.summary import bounded, calibrating, summary
+from syncsim.decoders import DECODERS, decoder_params, decoder_train_flops_per_token
 from syncsim.schemes import parse
 from syncsim.units import parse_bandwidth
-from syncsim.workload import DECODERS, PEAK_FLOPS, decoder_params, decoder_train_flops_per_token
+from syncsim.workload import PEAK_FLOPS
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,7 @@ def test_every_dataset_states_source_hardware_and_model():
         # the intra-node component is named wherever a prediction crosses it (one GPU per node crosses none)
         needs_intra = predicted and (rows["gpus_per_node"] > 1).any()
         assert meta["hardware"]["gpus_per_node"], meta["id"]
-        assert meta["model"]["intra"] in published.INTRA or (not needs_intra and meta["model"]["intra"] is None), \
+        assert meta["model"]["intra"] in INTRA or (not needs_intra and meta["model"]["intra"] is None), \
             meta["id"]
         labels = meta["model"].get("outside") or []
         labels = [labels] if isinstance(labels, str) else labels
@@ -81,7 +87,7 @@ def test_two_node_tree_beats_the_network_as_published(predictions):
 
 
 def test_study_writes_csv_and_figure(tmp_path, capsys):
-    assert published.main(["--out", str(tmp_path)]) == 0
+    assert main(["--out", str(tmp_path)]) == 0
     data = pd.read_csv(tmp_path / "published.csv")
     assert {"dataset", "measured", "predicted", "rel_error", "algorithm", "bandwidth_bound", "in_model",
             "source"} <= set(data.columns)
@@ -91,7 +97,7 @@ def test_study_writes_csv_and_figure(tmp_path, capsys):
 
 
 # -- the host-staging rule: one rule from the stated hardware, the same for every dataset -------------
-def by_id(name: str) -> published.Dataset:
+def by_id(name: str) -> Dataset:
     return next(ds for ds in load() if ds.id == name)
 
 
@@ -235,13 +241,13 @@ def test_scheme_rows_are_predicted_or_outside_with_a_reason(predictions):
 
 def test_a_row_scheme_and_link_rate_reach_the_simulator():
     ds = by_id("dilocomeasured-diloco-l40s-4x1-tcshaped")
-    slow, fast = (published.training_rows(Dataset(ds.id, ds.meta, ds.rows[ds.rows["nic_rate"] == rate]))
+    slow, fast = (training_rows(Dataset(ds.id, ds.meta, ds.rows[ds.rows["nic_rate"] == rate]))
                   for rate in ("50Mbit/s", "5Gbit/s"))
     for a, b in zip(slow, fast):
         assert a["scheme"] == b["scheme"] and a["predicted"] < b["predicted"]
     # ten sync periods: the steady state (after the first tenth) holds whole periods
-    assert published.simulated_steps("diloco:period=128") == 1280 and published.simulated_steps("allreduce") == 20
-    assert published.sync_period("localsgd:period=32") == 32 and published.sync_period("topk:ratio=0.01") == 1
+    assert simulated_steps("diloco:period=128") == 1280 and simulated_steps("allreduce") == 20
+    assert sync_period("localsgd:period=32") == 32 and sync_period("topk:ratio=0.01") == 1
 
 
 # -- sharded data parallelism : FSDP and ZeRO throughput measured on stated clusters ------------------
@@ -276,7 +282,7 @@ def test_sharded_datasets_load_and_name_their_source(name, count):
     assert ds.rows["scheme"].notna().all()
     for scheme in schemes_of(ds):
         assert re.fullmatch(r"(fsdp:reshard=(true|false)|zero:stage=[123])(,precision=(bf16|fp16))?", scheme), scheme
-        assert parse(scheme).name in published.SHARDED_SCHEMES
+        assert parse(scheme).name in SHARDED_SCHEMES
     # the hardware as stated, and either the rule's inputs (model.compute) or why there is no prediction
     assert ds.hardware["gpu"] and ds.hardware["nic"] and isinstance(ds.hardware["intra"], str)
     assert ds.model["measured"] and (("compute" in ds.model) != bool(ds.model.get("no_prediction")))
@@ -313,7 +319,7 @@ def test_sharded_tables_are_copied_consistently():
 def test_sharded_rows_are_predicted_or_carry_a_reason(predictions):
     for name in sorted(set(SHARDED_DATASETS) | SHARDED_PREDICTED):
         ds, rows = by_id(name), predictions[predictions["dataset"] == name]
-        assert len(rows) == len(ds.rows) and (rows["what"] == published.SHARDED_WHAT).all(), name
+        assert len(rows) == len(ds.rows) and (rows["what"] == SHARDED_WHAT).all(), name
         assert set(rows["scheme"]) == schemes_of(ds), name
         assert rows["in_model"].all() or rows["reason"].all(), name
         if "compute" in ds.model:  # every row simulated; one calibration row per technique
@@ -329,7 +335,7 @@ def test_sharded_rule_calibrates_each_technique_on_its_smallest_row(predictions)
     ds = by_id("torchtitan-llama31-8b-h100-grandteton")
     rows = predictions[predictions["dataset"] == ds.id].reset_index(drop=True)
     # the 8-GPU row of each technique calibrates it; the 128-GPU row of the same technique shares its efficiency
-    assert published.calibration_rows(ds.rows) == {"FSDP": 0, "FSDP + torch.compile": 1,
+    assert calibration_rows(ds.rows) == {"FSDP": 0, "FSDP + torch.compile": 1,
                                                      "FSDP + torch.compile + Float8": 2}
     assert list(rows["calibration"]) == [True] * 3 + [False] * 3
     assert list(rows["compute_efficiency"][:3]) == list(rows["compute_efficiency"][3:])
@@ -344,9 +350,9 @@ def test_sharded_rule_calibrates_each_technique_on_its_smallest_row(predictions)
 
 def test_the_peak_cancels_and_no_row_tunes_its_own_efficiency(monkeypatch):
     ds = by_id("fsdp-qwen7b-ndh100v5-8x400ib")
-    before = published.sharded_rows(ds)
-    monkeypatch.setitem(published.PEAK_FLOPS, "H100-SXM", 2 * published.PEAK_FLOPS["H100-SXM"])
-    after = published.sharded_rows(ds)
+    before = sharded_rows(ds)
+    monkeypatch.setitem(PEAK_FLOPS, "H100-SXM", 2 * PEAK_FLOPS["H100-SXM"])
+    after = sharded_rows(ds)
     # a peak twice as high halves the calibrated efficiency and leaves every prediction as it was
     assert [a["compute_efficiency"] for a in after] == pytest.approx([b["compute_efficiency"] / 2 for b in before])
     assert [a["predicted"] for a in after] == pytest.approx([b["predicted"] for b in before], rel=1e-9)
@@ -354,7 +360,7 @@ def test_the_peak_cancels_and_no_row_tunes_its_own_efficiency(monkeypatch):
     # measured throughput changes its error, never its prediction
     changed = ds.rows.copy()
     changed.loc[3, "throughput_samples_per_s"] *= 0.5
-    moved = published.sharded_rows(Dataset(ds.id, ds.meta, changed))
+    moved = sharded_rows(Dataset(ds.id, ds.meta, changed))
     assert [m["predicted"] for m in moved] == pytest.approx([b["predicted"] for b in before], rel=1e-9)
     assert moved[3]["measured"] == pytest.approx(before[3]["measured"] / 2)
 
@@ -379,8 +385,8 @@ def test_the_flop_count_reproduces_the_mfu_the_sources_state():
 def test_sharded_rows_meet_the_published_throughput_targets(predictions):
     # the targets on throughput where the source states the hardware: median |error| <= 10 %, max <= 25 %,
     # over the rows inside the model that no efficiency was calibrated on
-    sharded = predictions[(predictions["what"] == published.SHARDED_WHAT) & predictions["in_model"]
-                          & ~published.calibrating(predictions) & predictions["predicted"].notna()]
+    sharded = predictions[(predictions["what"] == SHARDED_WHAT) & predictions["in_model"]
+                          & ~calibrating(predictions) & predictions["predicted"].notna()]
     assert len(sharded) >= 6 and sharded["dataset"].nunique() >= 2
     errors = sharded["rel_error"].abs()
     assert errors.median() <= 0.10 and errors.max() <= 0.25
@@ -390,15 +396,15 @@ def test_a_sharded_dataset_states_the_rules_inputs_or_why_not():
     ds = by_id("torchtitan-llama31-8b-h100-grandteton")
     bare = {key: value for key, value in ds.model.items() if key != "compute"}
     with pytest.raises(ValueError, match="model.compute"):
-        published.sharded_rows(Dataset(ds.id, ds.meta | {"model": bare}, ds.rows))
+        sharded_rows(Dataset(ds.id, ds.meta | {"model": bare}, ds.rows))
     # two rows at the smallest scale of one technique: no single calibration row, refused
     with pytest.raises(ValueError, match="must be one row"):
-        published.calibration_rows(ds.rows.assign(technique="FSDP"))
+        calibration_rows(ds.rows.assign(technique="FSDP"))
 
 
 def test_the_summary_leaves_calibration_rows_out():
-    rows = frame(("s", published.SHARDED_WHAT, 0.0, False, "", ""), ("s", published.SHARDED_WHAT, 0.04, False, "", ""),
-                 ("s", published.SHARDED_WHAT, -0.02, False, "", ""))
+    rows = frame(("s", SHARDED_WHAT, 0.0, False, "", ""), ("s", SHARDED_WHAT, 0.04, False, "", ""),
+                 ("s", SHARDED_WHAT, -0.02, False, "", ""))
     rows = rows.assign(calibration=[True, False, False], compute_efficiency=0.4)
     lines = summary(rows).splitlines()
     assert ("sharded (FSDP/ZeRO) tokens/s per GPU, in-model rows, calibration rows not counted: median |error| 3.0%, "

@@ -70,6 +70,7 @@ def test_the_readme_s_testbed_check_prints_lines_the_validation_prints(tmp_path,
     import pandas as pd
 
     from real.testbed.steadiness import Steadiness
+    from real.validation.summary import summary_lines
     from studies import validation
     from tests.unit.fake_validation import fake_study
 
@@ -83,8 +84,7 @@ def test_the_readme_s_testbed_check_prints_lines_the_validation_prints(tmp_path,
     assert validation.main(["--quick", "--out", str(tmp_path), "--steps", "10", "--steadiness", "0"]) == 0
     frame = pd.read_csv(tmp_path / "validation.csv", keep_default_na=False, na_values=[""])
     unsteady = Steadiness("mlp", validation.QUICK_BATCH, 1.0, (1.5e-3, 2.4e-3) * 5)
-    lines = validation.summary_lines(frame, unsteady, default_keys={c.key for c in validation.grid()},
-                                     wall_seconds=98.0)
+    lines = summary_lines(frame, unsteady, default_keys={c.key for c in validation.grid()}, wall_seconds=98.0)
     printed = {_form(f"studies.validation: {line}") for line in lines}
     unmatched = [line for line in shown if _form(line) not in printed]
     assert not unmatched, "lines the validation no longer prints:\n" + "\n".join(unmatched)

@@ -33,7 +33,8 @@ def worker(**attrs) -> SimpleNamespace:
     net = model()
     me = SimpleNamespace(model=net, worker=1, step=5, version=7, read_version=6, bytes_sent=100, clock=3,
                          pending_local=[], recorder=Recorder(0.0), device=torch.device("cpu"),
-                         wire_dtype=torch.float32, cfg=SimpleNamespace(world=3), group=None, scaler=None,
+                         wire_dtype=torch.float32, spec=SimpleNamespace(precision="fp32"),
+                         cfg=SimpleNamespace(world=3), group=None, scaler=None,
                          optimizer=torch.optim.SGD(net.parameters(), lr=0.5), backward_end=2.0, buckets=[],
                          heartbeat=Quiet())
     for name in ("_load_flat", "_apply", "_fold_local_steps"):
@@ -55,9 +56,9 @@ def test_flat_params_and_load_flat_round_trip_in_parameter_order():
     assert weight.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and me.model[1].bias.tolist() == [10.0]
 
 
-@pytest.mark.parametrize("dtype,itemsize", [(torch.float16, 2), (torch.bfloat16, 2)])
-def test_16_bit_averaging_is_the_sum_of_rounded_replicas_over_w(monkeypatch, dtype, itemsize):
-    me = worker(wire_dtype=dtype, pending_local=[3, 4])
+@pytest.mark.parametrize("precision,dtype,itemsize", [("fp16", torch.float16, 2), ("bf16", torch.bfloat16, 2)])
+def test_16_bit_averaging_is_the_sum_of_rounded_replicas_over_w(monkeypatch, precision, dtype, itemsize):
+    me = worker(wire_dtype=dtype, spec=SimpleNamespace(precision=precision), pending_local=[3, 4])
     mine = flat_params(me.model)
     others = [torch.linspace(-1.0, 1.0, 11) / 3, torch.full((11,), 0.1)]  # the other two replicas' parameters
 
@@ -175,11 +176,11 @@ def test_a_slow_rank_sleeps_factor_minus_one_times_its_warm_compute_not_its_wake
     # x its forward timed warm, once. A host's late wake-up after a wait is not GPU work, so a step whose
     # forward carries one sleeps no longer (sized from each step's forward, a 20 ms wake-up would add
     # (F-1) x 3 x 20 ms = 120 ms to every step of a factor-3 rank).
+    from real.calibration.compute_probe import FreeNetwork
     from real.config import RunConfig
     from real.data import load
-    from real.hooks import WIRE_DTYPES
     from real.models import build
-    from real.testbed.calibration import FreeNetwork
+    from real.wire import WIRE_DTYPES
 
     slept = []
     monkeypatch.setattr(executor_module.time, "sleep", slept.append)
@@ -187,7 +188,7 @@ def test_a_slow_rank_sleeps_factor_minus_one_times_its_warm_compute_not_its_wake
                     slow=((0, 3.0),))
     inner = build(cfg.model, cfg.seed)
     client = FreeNetwork(flat_params(inner), WIRE_DTYPES[cfg.spec.precision])
-    delay = 0.02
+    delay = 0.1  # far above a warm forward of the small model on 8 samples even on a loaded machine
     waking = WakingModel(inner, fast=executor_module.WARM_FORWARDS + 1, delay=delay)
     ex = Executor(cfg, 0, waking, load(cfg.data, cfg.seed), torch.device("cpu"), None, Recorder(0.0), client=client)
     ex.run()
@@ -201,11 +202,11 @@ def test_a_slow_rank_given_its_forward_sleeps_from_it_and_times_none(monkeypatch
     # --slow RANK:F:FORWARD: the rank sleeps (F-1) x COMPUTE_PER_FORWARD x FORWARD a step, the forward a
     # calibration timed, and times no warm forward of its own (which would size a different sleep: two
     # processes' warm forwards differ by a tenth or more), so a run sleeps as its calibration did.
+    from real.calibration.compute_probe import FreeNetwork
     from real.config import RunConfig
     from real.data import load
-    from real.hooks import WIRE_DTYPES
     from real.models import build
-    from real.testbed.calibration import FreeNetwork
+    from real.wire import WIRE_DTYPES
 
     slept = []
     monkeypatch.setattr(executor_module.time, "sleep", slept.append)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from real.config import RunConfig
+from real.config import Failure, RunConfig, Slowdown
 
 
 def test_a_slowed_rank_keeps_its_forward_through_the_command_line(tmp_path):
@@ -35,3 +37,15 @@ def test_a_rank_told_to_fail_twice_is_refused_by_name(tmp_path):
     assert "RunConfig.fail" in str(refused.value)
     cfg = RunConfig(world=3, model="mlp", steps=10, out=str(tmp_path), fail="1:5,2:7:hang")
     assert (cfg.failure(1), cfg.failure(2)) == ((5, "crash"), (7, "hang"))
+
+
+def test_slow_and_fail_entries_read_by_name_are_kept_as_given(tmp_path):
+    # the named records are a view: the stored entries (what to_argv writes and summary.json records via
+    # dataclasses.asdict) keep the fields given, two or three
+    cfg = RunConfig(world=3, model="mlp", steps=10, out=str(tmp_path), slow="2:3:0.25,0:1.5", fail="1:5,2:7:hang")
+    assert cfg.slowdowns == (Slowdown(2, 3.0, 0.25), Slowdown(0, 1.5, None))
+    assert cfg.failures == (Failure(1, 5, "crash"), Failure(2, 7, "hang"))
+    assert cfg.slow == ((2, 3.0, 0.25), (0, 1.5)) and cfg.fail == ((1, 5), (2, 7, "hang"))
+    assert dataclasses.asdict(cfg)["slow"] == ((2, 3.0, 0.25), (0, 1.5))
+    assert cfg.to_argv()[cfg.to_argv().index("--slow") + 1] == "2:3.0:0.25,0:1.5"
+    assert cfg.to_argv()[cfg.to_argv().index("--fail") + 1] == "1:5,2:7:hang"

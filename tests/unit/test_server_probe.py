@@ -1,8 +1,8 @@
-"""real.testbed.server_probe: the server's own time per request, fitted to the simulator's price."""
+"""real.calibration.server_fit: the server's own time per request, fitted to the simulator's price."""
 
 import pytest
 
-from real.testbed.server_probe import fit_service, simulated_requests
+from real.calibration.server_fit import fit_service, simulated_requests
 
 
 def test_the_simulator_prices_one_worker_s_requests_by_their_closed_form_and_the_fit_inverts_it():

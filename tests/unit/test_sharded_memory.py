@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.cli import main
+from syncsim.decoders import LLAMA2_7B, llama_train_flops_per_token
 from syncsim.memory import Memory, estimate, optimizer_bytes
 from syncsim.schemes import parse
-from syncsim.workload import LLAMA2_7B, _llama_train_flops_per_token
 
 GIB = 2**30
 
@@ -121,7 +121,7 @@ def test_llama_preset_is_its_published_configuration():
     assert w.params == 6_738_415_616 and len(w.layers) == 34 and w.layers[1] == 4 * 202_383_360
     assert sum(math.prod(shape) for shape in w.shapes) == w.params
     # PaLM's 6N + 12·L·H·Q·T FLOPs per token, N without the input embedding: 46.09e9 at 4096 tokens
-    flops = _llama_train_flops_per_token(**LLAMA2_7B)
+    flops = llama_train_flops_per_token(**LLAMA2_7B)
     assert flops == 6 * (6_738_415_616 - 32000 * 4096) + 12 * 32 * 32 * 128 * 4096
     assert w.compute_time == pytest.approx(flops * 4096 / (312e12 * 0.35))
     # activations: 32 blocks of 16·s·h + 8·s·i bytes, then 4·s·h + 4·s·V (see workload.py)

@@ -1,4 +1,4 @@
-"""studies.validation without a testbed: its grid, its link fits, and its bookkeeping (rows, failures, resume)."""
+"""real.validation and studies.validation without a testbed: grid, link fits, bookkeeping (rows, failures, resume)."""
 
 from __future__ import annotations
 
@@ -12,34 +12,46 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from real.calibration.link_fit import AT_TRIM, RATE_WINDOW, at_size_time, fit_links
+from real.calibration.link_probe import measure_link
+from real.calibration.messages import wire_bytes
+from real.calibration.sharing_fit import fit_sharing, simulate_collision
+from real.calibration.sharing_probe import SHARING_OFFSETS
+from real.calibration.timing import AT_MAX_REPEATS, AT_REPEATS, AT_SECONDS, at_repeats, interleaved
 from real.models import build, param_layers
-from real.testbed.calibration import (
-    AT_MAX_REPEATS,
-    AT_REPEATS,
-    AT_SECONDS,
-    AT_TRIM,
-    RATE_WINDOW,
-    SHARING_OFFSETS,
-    at_repeats,
-    at_size_time,
-    fit_links,
-    fit_sharing,
-    interleaved,
-    measure_link,
-    simulate_collision,
-    wire_bytes,
+from real.validation.calibration import calibrate
+from real.validation.config import KEY, Config, model_bytes
+from real.validation.frame import COLUMNS, derive
+from real.validation.losses import loss_agreement, loss_figures, measured_losses, replayed_losses
+from real.validation.measurement import SPREAD_WINDOWS, measure
+from real.validation.prediction import (
+    MAX_STEPS,
+    MIN_STEPS,
+    PREDICTION_SEEDS,
+    as_run_on_gloo,
+    predict,
+    replay,
+    replayed_compute,
+    run_steps,
 )
+from real.validation.summary import summary_lines
+from real.validation.traffic import message_bytes, sent_precisions, sync_action, timed_gather, timed_size
 from studies import validation
 from syncsim import Cluster, Link, Workload, simulate
 from syncsim.metrics import step_time_spread
 from syncsim.schemes import parse
 from tests.unit.fake_validation import fake_study
 
-# What a compute probe of the small model reports (real.testbed.calibration.measure_compute: its layers are the
-# model's own, whose tensors' shapes the calibration gives the workload), for calibrations with faked probes.
+# What a compute probe of the small model reports (real.calibration.compute_probe.measure_scheme_compute: its
+# layers are the model's own, whose tensors' shapes the calibration gives the workload), for calibrations with
+# faked probes.
 FAKE_COMPUTE = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "forward_time": 6e-4,
                 "layers": list(param_layers(build("mlp", 0))), "idle_cost": [[2e-3, 1e-4], [8e-3, 4e-4], [30e-3, 5e-4]],
                 "meets": 45}
+
+
+def EVEN_SHARING(*args, **kwargs) -> dict:  # noqa: N802  (a constant's stand-in: measure_sharing faked)
+    return {"weight": 1.0, "spread": 0.0}
 
 
 def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
@@ -47,10 +59,11 @@ def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
     assert len(configs) >= 24 and len({c.key for c in configs}) == len(configs)
     schemes = {c.scheme for c in configs}
     assert {"ps:mode=async", "ps:staleness=2", "localsgd:period=4", "allreduce:precision=fp16"} <= schemes
-    # the compressing schemes' few rows: their own block (two workers, one rate), no straggler rows
-    extra = [c for c in configs if c.scheme in {str(parse(s)) for s in validation.COMPRESSED}]
+    # the compressing and the sharded schemes' few rows: their own blocks (two workers, one rate), no straggler rows
+    blocks = validation.COMPRESSED + validation.SHARDED
+    extra = [c for c in configs if c.scheme in {str(parse(s)) for s in blocks}]
     assert {(c.scheme, c.world, c.bandwidth, c.model, c.slow) for c in extra} == {
-        (str(parse(s)), 2, "200Mbit/s", model, 1.0) for s in validation.COMPRESSED for model in validation.MODELS}
+        (str(parse(s)), 2, "200Mbit/s", model, 1.0) for s in blocks for model in validation.MODELS}
     main = [c for c in configs if c not in extra]
     assert {(c.scheme, c.world) for c in main} == {(s, w) for s in validation.SCHEMES for w in validation.WORLDS}
     stragglers = [c for c in configs if c.slow > 1]
@@ -92,13 +105,13 @@ def test_the_quick_preset_takes_its_own_batch_unless_one_is_given(tmp_path, argv
 
 def test_config_names_the_bad_field():
     with pytest.raises(ValueError, match="Config.world"):
-        validation.Config("allreduce", 0, "1Gbit/s", "mlp")
+        Config("allreduce", 0, "1Gbit/s", "mlp")
     with pytest.raises(ValueError, match="Config.model"):
-        validation.Config("allreduce", 2, "1Gbit/s", "resnet")
+        Config("allreduce", 2, "1Gbit/s", "resnet")
     with pytest.raises(ValueError, match="Config.bandwidth"):
-        validation.Config("allreduce", 2, "fast", "mlp")
+        Config("allreduce", 2, "fast", "mlp")
     with pytest.raises(ValueError, match="Config.slow"):
-        validation.Config("allreduce", 2, "1Gbit/s", "mlp", slow=0.5)
+        Config("allreduce", 2, "1Gbit/s", "mlp", slow=0.5)
 
 
 def test_link_fits_recover_latency_launch_rate_and_bucket_of_a_token_bucket_link():
@@ -225,16 +238,16 @@ def test_a_run_s_own_collective_is_timed_as_often_as_its_seconds_allow_within_th
 
 
 def test_an_all_reducing_run_has_its_own_all_reduce_timed_at_its_wire_size_and_no_other_run_any():
-    fp32, fp16 = (wire_bytes(validation.model_bytes("mlp") * r, precision) for r, precision in ((1, "fp32"),
+    fp32, fp16 = (wire_bytes(model_bytes("mlp") * r, precision) for r, precision in ((1, "fp32"),
                                                                                                  (0.5, "fp16")))
     assert fp32 == 4 * sum(p.numel() for p in build("mlp", 0).parameters())  # every parameter, 4 bytes each
-    assert validation.timed_size(validation.Config("allreduce", 4, "1Gbit/s", "mlp")) == ((fp32, "fp32"),)
-    fp16_config = validation.Config("allreduce:precision=fp16", 2, "1Gbit/s", "mlp")
-    assert validation.timed_size(fp16_config) == ((fp16, "fp16"),)
-    assert validation.timed_size(validation.Config("localsgd:period=4", 2, "1Gbit/s", "mlp")) == ((fp32, "fp32"),)
+    assert timed_size(Config("allreduce", 4, "1Gbit/s", "mlp")) == ((fp32, "fp32"),)
+    fp16_config = Config("allreduce:precision=fp16", 2, "1Gbit/s", "mlp")
+    assert timed_size(fp16_config) == ((fp16, "fp16"),)
+    assert timed_size(Config("localsgd:period=4", 2, "1Gbit/s", "mlp")) == ((fp32, "fp32"),)
     # parameter servers' traffic is point to point and one worker sends nothing: none of theirs
-    assert validation.timed_size(validation.Config("ps", 2, "1Gbit/s", "mlp")) == ()
-    assert validation.timed_size(validation.Config("allreduce", 1, "1Gbit/s", "mlp")) == ()
+    assert timed_size(Config("ps", 2, "1Gbit/s", "mlp")) == ()
+    assert timed_size(Config("allreduce", 1, "1Gbit/s", "mlp")) == ()
 
 
 class ProbeBed:
@@ -282,7 +295,7 @@ def test_sizes_timed_now_are_timed_at_every_call_never_cached_and_fitted_from_th
     # the sweep once (timing no size of a run), then the run's size alone at each call
     assert launches == [("", True), ("407080:fp32", False), ("407080:fp32", False)]
     cached = json.loads((tmp_path / "link-1Gbit-s-h2.json").read_text())
-    assert cached["probe"]["at_size"] == []  # the cache keeps no run's timing
+    assert cached["result"]["probe"]["at_size"] == []  # the cache keeps no run's timing
     without = measure_link("1Gbit/s", tmp_path, message_bytes=407_080)
     assert without["now"] == [] and without["fits"]["allreduce_fp32"]["launch_from"] != "run's size, timed"
     assert len(launches) == 3  # without ``now`` nothing is timed again
@@ -369,7 +382,7 @@ def test_rows_failures_summary_figure_and_resume(tmp_path, monkeypatch, capsys):
     argv = ["--quick", "--out", str(tmp_path), "--steps", "10", "--steadiness", "2"]
     assert validation.main(argv) == 0
     data = pd.read_csv(tmp_path / "validation.csv", keep_default_na=False, na_values=[""])
-    assert set(validation.COLUMNS) <= set(data.columns) and len(data) == len(configs)
+    assert set(COLUMNS) <= set(data.columns) and len(data) == len(configs)
     failed = data[data["error"].notna()]
     assert len(failed) == 1 and "injected" in failed["error"].iloc[0]
     assert failed["measured_step_time"].isna().all()
@@ -412,7 +425,7 @@ def test_derive_takes_speedups_over_each_models_one_worker_run():
          "predicted_step_time": 1.1, "measured_step_time": 1.0, "predicted_throughput": 150.0,
          "measured_throughput": 160.0, "predicted_staleness_mean": 1.5, "measured_staleness_mean": 1.0},
     ])
-    out = validation.derive(rows)
+    out = derive(rows)
     assert out["measured_speedup"].tolist() == [1.0, 2.0] and out["predicted_speedup"].tolist() == [1.0, 1.5]
     assert np.isnan(out["speedup_error"].iloc[0])  # the baseline: 1 on both sides by definition
     assert out["speedup_error"].iloc[1] == pytest.approx(-0.25)
@@ -423,7 +436,7 @@ def test_derive_takes_speedups_over_each_models_one_worker_run():
 def _fake_links(monkeypatch) -> None:
     """measure_link faked: every link 5 MB/s with 0.1 ms latency, each run's own size timed at 5 ms."""
     fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
-    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, now, **k: {
+    monkeypatch.setattr("real.calibration.link_probe.measure_link", lambda *a, now, **k: {
         "burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit},
         "now": [[size, precision, [5e-3]] for size, precision in now]})
 
@@ -440,7 +453,7 @@ def test_speedups_divide_by_the_median_of_the_baselines_repeats_on_each_side():
     rows = pd.DataFrame([row("allreduce", 1, "50Mbit/s", 140.0, 40.0), row("allreduce", 1, "200Mbit/s", 100.0, 80.0),
                          row("allreduce", 1, "1Gbit/s", 98.0, 81.0), row("ps", 2, "1Gbit/s", 150.0, 160.0),
                          row("allreduce", 2, "1Gbit/s", 180.0, 160.0)])
-    out = validation.derive(rows)
+    out = derive(rows)
     assert out["predicted_speedup"].iloc[3] == pytest.approx(1.5) and out["measured_speedup"].iloc[3] == 2.0
     assert out["speedup_error"].iloc[3] == pytest.approx(-0.25)
     assert out["speedup_error"].iloc[4] == pytest.approx(-0.1)  # two workers all-reducing: no baseline
@@ -448,13 +461,13 @@ def test_speedups_divide_by_the_median_of_the_baselines_repeats_on_each_side():
     # a failed repeat is left out of the median: the other two's is their mean
     rows["error"] = rows["error"].astype(object)
     rows.loc[1, "error"] = "run timed out"
-    assert validation.derive(rows)["measured_speedup"].iloc[3] == pytest.approx(160.0 / 60.5)
+    assert derive(rows)["measured_speedup"].iloc[3] == pytest.approx(160.0 / 60.5)
 
 
 def test_each_repeat_of_the_baseline_gets_a_compute_probe_of_its_own(monkeypatch, tmp_path):
-    from real.testbed import calibration
+    from real.calibration import compute_probe as calibration
 
-    probe = calibration.measure_compute  # the real one, before the study's calls are faked
+    probe = calibration.measure_scheme_compute  # the real one, before the study's calls are faked
     labels = []
 
     def measure_compute(model, batch_size, processes, folder, scheme, slow, repeat):
@@ -462,12 +475,12 @@ def test_each_repeat_of_the_baseline_gets_a_compute_probe_of_its_own(monkeypatch
         return FAKE_COMPUTE
 
     _fake_links(monkeypatch)
-    monkeypatch.setattr("real.testbed.calibration.measure_compute", measure_compute)
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", measure_compute)
     args = validation.parse_args(["--out", str(tmp_path / "v")])
-    for config in (validation.Config("allreduce", 1, "50Mbit/s", "mlp"),
-                   validation.Config("allreduce", 1, "1Gbit/s", "mlp"),
-                   validation.Config("localsgd:period=4", 1, "50Mbit/s", "mlp")):
-        validation.calibrate(config, args)
+    for config in (Config("allreduce", 1, "50Mbit/s", "mlp"),
+                   Config("allreduce", 1, "1Gbit/s", "mlp"),
+                   Config("localsgd:period=4", 1, "50Mbit/s", "mlp")):
+        calibrate(config, args.settings)
     assert labels == ["50Mbit-s", "1Gbit-s", ""]  # the baseline's repeats by their rate; other rows share
 
     # the probe caches each label under a name of its own: a repeat is measured, not read back
@@ -487,22 +500,22 @@ def test_each_repeat_of_the_baseline_gets_a_compute_probe_of_its_own(monkeypatch
 
 
 def test_long_runs_run_fewer_steps_and_short_ones_more_in_whole_local_sgd_periods():
-    assert validation.run_steps(40, 10.0) == 40
-    assert validation.run_steps(40, 45.0) == 24  # 40 x 30/45 = 26.7, down to a multiple of 4
-    assert validation.run_steps(40, 600.0) == validation.MIN_STEPS
-    assert validation.run_steps(12, 600.0) == 12  # never fewer than asked when that is few already
-    assert validation.run_steps(40, 0.5) == 160  # 40 x 2/0.5
-    assert validation.run_steps(40, 0.03) == 2668  # 40 x 2/0.03 = 2666.7, up to a multiple of 4
-    assert validation.run_steps(40, 1e-6) == validation.MAX_STEPS
+    assert run_steps(40, 10.0) == 40
+    assert run_steps(40, 45.0) == 24  # 40 x 30/45 = 26.7, down to a multiple of 4
+    assert run_steps(40, 600.0) == MIN_STEPS
+    assert run_steps(12, 600.0) == 12  # never fewer than asked when that is few already
+    assert run_steps(40, 0.5) == 160  # 40 x 2/0.5
+    assert run_steps(40, 0.03) == 2668  # 40 x 2/0.03 = 2666.7, up to a multiple of 4
+    assert run_steps(40, 1e-6) == MAX_STEPS
 
 
 def test_every_all_reduce_is_predicted_as_the_ring_gloo_runs():
     # gloo/allreduce.cc runs an unspecified algorithm as RING; the study must not price NCCL's tuner (auto)
     for text in ("allreduce", "allreduce:algorithm=tree,precision=fp16", "localsgd:period=4"):
-        spec = validation.as_run_on_gloo(text)
+        spec = as_run_on_gloo(text)
         assert spec.algorithm == "ring"
         assert dataclasses.replace(spec, algorithm=parse(text).algorithm) == parse(text)  # nothing else changed
-    assert validation.as_run_on_gloo("ps:mode=async") == parse("ps:mode=async")
+    assert as_run_on_gloo("ps:mode=async") == parse("ps:mode=async")
 
 
 def test_a_prediction_pools_one_simulation_per_seed():
@@ -513,8 +526,8 @@ def test_a_prediction_pools_one_simulation_per_seed():
                                   server_link=Link("50Mbit/s", "100us", sharing_spread=0.9))
     workload = Workload(param_bytes=4e5, compute_time=2e-3, batch_size=32, name="w")
     runs = [simulate(cluster, workload, "ps:mode=async", steps=40, seed=seed)
-            for seed in range(validation.PREDICTION_SEEDS)]
-    predicted, seed_cv = validation.predict(runs[0])
+            for seed in range(PREDICTION_SEEDS)]
+    predicted, seed_cv = predict(runs[0])
     per_worker = np.mean([run.steady.worker_step_times for run in runs], axis=0)
     assert predicted.step_time == pytest.approx(len(per_worker) / np.sum(1 / per_worker))
     assert len(predicted.staleness) == sum(len(run.steady.staleness) for run in runs)
@@ -541,20 +554,21 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
                 "now": [[size, precision, [7e-3] * AT_REPEATS] for size, precision in now],
                 "gather_now": [[values, precision, [9e-3] * AT_REPEATS] for values, precision in gathers]}
 
-    monkeypatch.setattr("real.testbed.calibration.measure_link", measure_link)
-    monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
-    monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
-    monkeypatch.setattr("real.testbed.server_probe.measure_server", lambda *a, **k: {"push_wait": [1.0], "pull": [1.0]})
+    monkeypatch.setattr("real.calibration.link_probe.measure_link", measure_link)
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", lambda *a, **k: FAKE_COMPUTE)
+    monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
+    monkeypatch.setattr("real.calibration.server_probe.measure_server",
+                        lambda *a, **k: {"push_wait": [1.0], "pull": [1.0]})
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     for scheme, world, hosts, launch, at_size in (
             ("allreduce", 4, 4, 3e-3, 7e-3), ("localsgd:period=4", 2, 2, 3e-3, 7e-3), ("allreduce", 1, 2, 3e-3, None),
             ("ps:mode=async", 4, 2, 0.0, None), ("diloco:period=4", 2, 2, 3e-3, 7e-3),
             ("allreduce:compression=powersgd,rank=4", 2, 2, 3e-3, 14e-3), ("topk:ratio=0.01", 4, 4, 4e-3, 9e-3)):
-        config = validation.Config(scheme, world, "50Mbit/s", "mlp")
-        cluster, _, values = validation.calibrate(config, args)
+        config = Config(scheme, world, "50Mbit/s", "mlp")
+        cluster, _, values = calibrate(config, args.settings)
         # an all-reducing run's own all-reduces, or a top-k run's exchange, are timed next to it, and the row
         # records their time
-        assert probed[-1] == (hosts, validation.timed_size(config), validation.timed_gather(config))
+        assert probed[-1] == (hosts, timed_size(config), timed_gather(config))
         assert cluster.collective_latency == values["link_launch"] == launch
         if at_size is None:
             assert math.isnan(values["link_at_size"])
@@ -566,10 +580,11 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
 
 
 def test_a_stall_of_the_machine_falls_on_one_timing_per_size_and_the_medians_discard_it():
-    # The link probe times every size in turns (real.testbed.calibration.interleaved): a stall lasting as
+    # The link probe times every size in turns (real.calibration.timing.interleaved): a stall lasting as
     # many timings as a pass has sizes meets each size at most once, and a median of five or more timings
     # discards one. Timed size by size, the same stall takes all of one size's timings, and its median.
-    from real.testbed.calibration import SMALL, SMALL_REPEATS, SWEEP
+    from real.calibration.link_probe import SWEEP
+    from real.calibration.timing import SMALL, SMALL_REPEATS
 
     rounds = [5 * (SMALL_REPEATS if size <= SMALL else 1) for size in SWEEP]
     shortest_pass = min(sum(r > i for r in rounds) for i in range(max(rounds)))
@@ -596,15 +611,15 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
         return FAKE_COMPUTE | ({"slowed_time": 7e-3, "slow_forward": 1.1e-3} if slow > 1 else {})
 
     _fake_links(monkeypatch)
-    monkeypatch.setattr("real.testbed.calibration.measure_compute", measure_compute)
-    monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", measure_compute)
+    monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
     args = validation.parse_args(["--out", str(tmp_path / "v")])
-    cluster, workload, values = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args)
+    cluster, workload, values = calibrate(Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args.settings)
     assert asked == [(3, 3.0)]
     assert values["slow_forward"] == 1.1e-3  # the forward the probe's slowed rank sized its sleep from
     assert cluster.speed == pytest.approx((1.0, 1.0, 2e-3 / 7e-3)) and workload.compute_time == 2e-3
     assert workload.idle_cost == ((2e-3, 1e-4), (8e-3, 4e-4), (30e-3, 5e-4))  # the probe's, as measured
-    cluster, _, values = validation.calibrate(validation.Config("allreduce", 3, "50Mbit/s", "mlp"), args)
+    cluster, _, values = calibrate(Config("allreduce", 3, "50Mbit/s", "mlp"), args.settings)
     assert asked[-1] == (3, 1.0) and cluster.speed is None  # every worker at nominal speed
     assert math.isnan(values["slow_forward"])
 
@@ -636,13 +651,13 @@ def test_a_straggler_row_s_run_sleeps_from_the_forward_its_probe_timed(monkeypat
     monkeypatch.setattr(real.testbed, "run", run)
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     with pytest.raises(RuntimeError, match="stopped here"):
-        validation.measure(validation.Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args, tmp_path / "r", 8,
+        measure(Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args.settings, tmp_path / "r", 8,
                            slow_forward=forward)
     assert ran[0].slow == expected  # the last worker, slowed threefold
 
 
 def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeypatch, tmp_path):
-    from real.testbed import calibration
+    from real.calibration import compute_probe as calibration
 
     ranks = [{"steps": [1e-3, 3e-3], "forward": [2e-4, 2e-4], "backward": [6e-4, 6e-4], "layers": [8],
               "meetings": 7, "after_idle": [[2e-3, 3e-3], [3e-3, 3e-3], [1e-3, 1e-3]]},
@@ -665,10 +680,10 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
         def all_gather_object(out, mine):
             out[:] = ranks
 
-    monkeypatch.setattr(calibration, "_time_worker_steps", time_steps)
+    monkeypatch.setattr(calibration, "time_worker_steps", time_steps)
     monkeypatch.setattr("torch.distributed", Dist)
     out = tmp_path / "c.json"
-    calibration._compute_rank(str(out), "mlp", 32, "allreduce", slow=3.0)
+    calibration.compute_rank(str(out), "mlp", 32, "allreduce", slow=3.0)
     result = json.loads(out.read_text())
     assert given == [1.0]  # rank 0 is not the last: it runs unslowed
     assert result["processes"] == 3 and result["slow"] == 3.0 and result["meets"] == 7
@@ -684,7 +699,7 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
 
 
 def test_idle_cost_needs_timings_after_every_gap():
-    from real.testbed.calibration import IDLE_GAPS, idle_cost
+    from real.calibration.compute_fit import IDLE_GAPS, idle_cost
 
     assert idle_cost(1e-3, [[2e-3]] * len(IDLE_GAPS)) == [(gap, pytest.approx(1e-3)) for gap in IDLE_GAPS]
     assert idle_cost(1e-3, []) == []  # a scheme without servers: its workers never idle
@@ -694,61 +709,13 @@ def test_idle_cost_needs_timings_after_every_gap():
         idle_cost(1e-3, [[2e-3]] * (len(IDLE_GAPS) - 1) + [[]])
 
 
-@pytest.mark.parametrize("lacking", ["idle_cost", "meets"])
-def test_a_cached_compute_probe_from_before_a_field_was_measured_is_measured_again(tmp_path, monkeypatch, lacking):
-    # idle_cost (the idle gaps) and meets (ranks meeting at their scheme's collectives) came later
-    from real.testbed import calibration
-
-    folder = tmp_path / "cal"
-    folder.mkdir()
-    name = f"compute-mlp-b32-p2-{calibration.worker_work('allreduce')}.json"
-    (folder / name).write_text(json.dumps({k: v for k, v in FAKE_COMPUTE.items() if k != lacking}))
-    started = []
-
-    def fork_local(processes, module, argv, log_dir, timeout):
-        started.append(processes)
-        Path(argv[1]).write_text(json.dumps(FAKE_COMPUTE))
-        return [0] * processes
-
-    monkeypatch.setattr("real.testbed.launcher.fork_local", fork_local)
-    assert calibration.measure_compute("mlp", 32, 2, folder)[lacking] == FAKE_COMPUTE[lacking]
-    assert started == [2]
-    calibration.measure_compute("mlp", 32, 2, folder)  # now cached with it: not measured again
-    assert started == [2]
-
-
-def test_a_cached_slowed_probe_without_the_forward_its_sleep_was_sized_from_is_measured_again(tmp_path, monkeypatch):
-    # a run is given that forward (--slow RANK:F:FORWARD); a probe from before it was recorded cannot give it
-    from real.testbed import calibration
-
-    folder = tmp_path / "cal"
-    folder.mkdir()
-    name = f"compute-mlp-b32-p2-{calibration.worker_work('allreduce')}-slow3.json"
-    slowed = FAKE_COMPUTE | {"slow": 3.0, "slowed_time": 7e-3}
-    (folder / name).write_text(json.dumps(slowed))
-    started = []
-
-    def fork_local(processes, module, argv, log_dir, timeout):
-        started.append(processes)
-        Path(argv[1]).write_text(json.dumps(slowed | {"slow_forward": 1e-3, "slow_wait": 4e-3}))
-        return [0] * processes
-
-    monkeypatch.setattr("real.testbed.launcher.fork_local", fork_local)
-    assert calibration.measure_compute("mlp", 32, 2, folder, slow=3.0)["slow_forward"] == 1e-3
-    assert started == [2]
-    calibration.measure_compute("mlp", 32, 2, folder, slow=3.0)  # now cached with it
-    assert started == [2]
-    calibration.measure_compute("mlp", 32, 2, folder)  # an unslowed probe needs no forward: its own file
-    assert started == [2, 2]
-
-
 def test_schemes_whose_workers_do_the_same_work_share_one_compute_probe(tmp_path, monkeypatch):
     # A synchronous, an asynchronous and an SSP parameter server differ in how the servers apply a push
     # and when a worker waits: their workers compute, push and pull the same tensors, which is what the
     # probe times (its FreeNetwork waits for nothing). Anything that changes a worker's own work (the wire
     # precision, autocast, DDP's buckets, how often local SGD averages) gets a probe of its own.
-    from real.testbed import calibration
-    from real.testbed.calibration import worker_work
+    from real.calibration import compute_probe as calibration
+    from real.calibration.compute_fit import worker_work
 
     servers = {worker_work(s) for s in ("ps", "ps:mode=async", "ps:staleness=2", "ps:staleness=5")}
     assert len(servers) == 1
@@ -764,7 +731,7 @@ def test_schemes_whose_workers_do_the_same_work_share_one_compute_probe(tmp_path
 
     monkeypatch.setattr("real.testbed.launcher.fork_local", fork_local)
     for scheme in ("ps", "ps:mode=async", "ps:staleness=2", "localsgd:period=4"):
-        calibration.measure_compute("mlp", 32, 2, tmp_path, scheme=scheme)
+        calibration.measure_scheme_compute("mlp", 32, 2, tmp_path, scheme=scheme)
     assert started == ["ps", "localsgd:period=4"]  # the asynchronous and SSP servers' workers reuse the first
 
 
@@ -780,16 +747,16 @@ def test_a_resumed_study_fills_in_the_drift_of_rows_measured_before_it_was_recor
     kept = configs[1]
     cluster = Cluster.homogeneous(kept.world, Link("20MB/s", "100us"), servers=kept.servers, jitter=0.1)
     workload = Workload(param_bytes="400kB", compute_time="2ms", batch_size=validation.QUICK_BATCH)
-    steps = int(pd.read_csv(csv).set_index(list(validation.KEY)).loc[kept.key, "run_steps"])
+    steps = int(pd.read_csv(csv).set_index(list(KEY)).loc[kept.key, "run_steps"])
     trace = simulate(cluster, workload, kept.scheme, steps=steps, seed=3).trace
     (tmp_path / "runs" / kept.name).mkdir(parents=True, exist_ok=True)
     trace.to_csv(tmp_path / "runs" / kept.name / "trace.csv", index=False)
     calls.clear()
     assert validation.main(argv) == 0
     assert calls == []  # nothing measured again
-    data = pd.read_csv(csv, keep_default_na=False, na_values=[""]).set_index(list(validation.KEY))
+    data = pd.read_csv(csv, keep_default_na=False, na_values=[""]).set_index(list(KEY))
     assert data.loc[kept.key, "measured_spread"] == pytest.approx(
-        step_time_spread(trace, validation.SPREAD_WINDOWS, steps, kept.world))
+        step_time_spread(trace, SPREAD_WINDOWS, steps, kept.world))
     others = [c.key for c in configs if c.key != kept.key]
     assert data.loc[others, "measured_spread"].isna().all()
 
@@ -803,17 +770,17 @@ def test_the_summary_counts_the_rows_within_the_targets_bounds_and_gives_each_li
                            "rel_error": e, "speedup_error": e, "staleness_mean_error": s, "staleness_distance": 0.1,
                            "predicted_step_time": 1.0, "measured_step_time": 1.0,
                            "error": "" if not np.isnan(e) else "RuntimeError: injected"} for rate, e, s in errors])
-    lines = validation.summary_lines(frame)
+    lines = summary_lines(frame)
     assert "step time: 3 configurations within 10%, 4 within 15%; median |error| by link " \
            "50Mbit/s 6.0%, 1Gbit/s 12.0%" in lines
     assert any("over 2 asynchronous or SSP configurations (1 within 20%)" in line for line in lines)
     assert lines[0] == "step time: median |error| 10.0%, max 30.0% over 5 configurations"
     assert not any("dropped" in line for line in lines)  # rows measured before drops were counted: no claim
     frame["dropped"] = [0, 0, 0, 0, 0, np.nan]
-    assert "the testbed's shapers dropped no packet in any of 5 runs" in validation.summary_lines(frame)
+    assert "the testbed's shapers dropped no packet in any of 5 runs" in summary_lines(frame)
     frame.loc[[1, 2], "dropped"] = [12, 137]
     assert ("the testbed's shapers dropped packets in 2 of 5 runs (at most 137 in one): steps there include "
-            "TCP's recoveries") in validation.summary_lines(frame)
+            "TCP's recoveries") in summary_lines(frame)
 
 
 def test_the_summary_gives_how_far_apart_the_baseline_s_repeats_were_measured_and_probed():
@@ -827,7 +794,7 @@ def test_the_summary_gives_how_far_apart_the_baseline_s_repeats_were_measured_an
     frame = pd.DataFrame([row("allreduce", 1, "mlp", 2.0e-3, 1.5e-3), row("allreduce", 1, "mlp", 2.5e-3, 2.1e-3),
                           row("allreduce", 1, "mlp", 9.0e-3, 9.0e-3, error="RuntimeError: injected"),
                           row("allreduce", 2, "mlp", 9.0e-3, 0.5e-3), row("allreduce", 1, "lenet", 20e-3, 20e-3)])
-    lines = [line for line in validation.summary_lines(frame) if line.startswith("repeatability")]
+    lines = [line for line in summary_lines(frame) if line.startswith("repeatability")]
     assert lines == ["repeatability: mlp's one-worker baseline, run 2 times, measured 2.00-2.50 ms (25% apart), "
                      "its compute probes 1.50-2.10 ms (40% apart): one configuration measured again on this machine"]
 
@@ -860,9 +827,9 @@ def test_the_link_sweep_times_the_precisions_asked_for_and_sweeps_again_only_for
     with pytest.raises(ValueError, match="precisions must be among"):
         measure_link("1Gbit/s", tmp_path, precisions=("fp8",))
     # the study asks for the precisions its grid's schemes send
-    configs = [validation.Config("allreduce:precision=fp16", 2, "1Gbit/s", "mlp"),
-               validation.Config("ps", 2, "1Gbit/s", "mlp")]
-    assert validation.sent_precisions(configs) == ("fp16", "fp32")
+    configs = [Config("allreduce:precision=fp16", 2, "1Gbit/s", "mlp"),
+               Config("ps", 2, "1Gbit/s", "mlp")]
+    assert sent_precisions(configs) == ("fp16", "fp32")
 
 
 def test_a_run_s_compute_is_replayed_with_its_gaps_and_its_held_pushes():
@@ -879,10 +846,10 @@ def test_a_run_s_compute_is_replayed_with_its_gaps_and_its_held_pushes():
             rows += [(worker, step, "push", t, t + push), (worker, step, "pull", t + push, t + push + 0.01)]
             t += push + 0.01
     trace = pd.DataFrame(rows, columns=["worker", "step", "kind", "start", "end"]).sample(frac=1, random_state=1)
-    table = validation.replayed_compute(trace, 3, 2)
+    table = replayed_compute(trace, 3, 2)
     expected = [[0.003, 0.004], [0.0035, 0.0045], [0.004 + 0.005, 0.005]]  # worker 0's last push held 5 ms
     np.testing.assert_allclose(table, expected, rtol=0, atol=1e-12)
-    assert validation.replayed_compute(trace[trace["step"] < 2], 3, 2) is None  # a missing step: no table
+    assert replayed_compute(trace[trace["step"] < 2], 3, 2) is None  # a missing step: no table
 
 
 def test_the_model_measured_against_itself_replays_to_no_error():
@@ -892,20 +859,21 @@ def test_the_model_measured_against_itself_replays_to_no_error():
     cluster = Cluster(nodes=2, inter=Link(bandwidth=2e7, latency=1e-4), jitter=0.3, speed=(1.0, 0.5))
     workload = Workload(param_bytes=4e5, compute_time=0.003, batch_size=32)
     run = simulate(cluster, workload, "allreduce", steps=30, seed=5)
-    replayed = validation.replay(cluster, workload, parse("allreduce"), run.trace, 30, 2)
+    replayed = replay(cluster, workload, parse("allreduce"), run.trace, 30, 2)
     assert replayed == pytest.approx(run.steady.step_time, rel=1e-12)
     alone = Cluster(nodes=1, jitter=0.3)
     one = simulate(alone, workload, "allreduce", steps=10)
-    assert math.isnan(validation.replay(alone, workload, parse("allreduce"), one.trace, 10, 1))
+    assert math.isnan(replay(alone, workload, parse("allreduce"), one.trace, 10, 1))
 
 
 def test_a_parameter_server_row_gets_the_server_s_own_time_per_request_from_its_probe(monkeypatch, tmp_path):
     # The server probe times one worker's push-and-wait and pull at the run's payload; the simulator is given
-    # the per-request time that makes its own price of the two equal to their means (server_probe.fit_service).
+    # the per-request time that makes its own price of the two equal to their means
+    # (real.calibration.server_fit.fit_service).
     # Here the timings are made from that price plus a known 0.8 ms per request, so it is recovered exactly.
     _fake_links(monkeypatch)  # every link 5 MB/s, 0.1 ms; bucket 15 kB
-    monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
-    monkeypatch.setattr("real.testbed.calibration.measure_sharing", lambda *a, **k: {"weight": 1.0, "spread": 0.0})
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", lambda *a, **k: FAKE_COMPUTE)
+    monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
     asked = []
     alpha, rate, burst, service = 1e-4, 5e6, 15_000, 0.8e-3
 
@@ -914,12 +882,12 @@ def test_a_parameter_server_row_gets_the_server_s_own_time_per_request_from_its_
         wire = (size - burst) / rate
         return {"push_wait": [3 * alpha + wire + service] * 3, "pull": [2 * alpha + wire + service] * 3}
 
-    monkeypatch.setattr("real.testbed.server_probe.measure_server", measure_server)
+    monkeypatch.setattr("real.calibration.server_probe.measure_server", measure_server)
     args = validation.parse_args(["--out", str(tmp_path / "v")])
-    cluster, _, values = validation.calibrate(validation.Config("ps:mode=async", 2, "50Mbit/s", "mlp"), args)
-    assert asked == [("50Mbit/s", wire_bytes(validation.model_bytes("mlp"), "fp32"), "fp32")]  # the run's payload
+    cluster, _, values = calibrate(Config("ps:mode=async", 2, "50Mbit/s", "mlp"), args.settings)
+    assert asked == [("50Mbit/s", wire_bytes(model_bytes("mlp"), "fp32"), "fp32")]  # the run's payload
     assert cluster.server_service == values["server_service"] == pytest.approx(service, rel=1e-9)
-    cluster, _, values = validation.calibrate(validation.Config("allreduce", 2, "50Mbit/s", "mlp"), args)
+    cluster, _, values = calibrate(Config("allreduce", 2, "50Mbit/s", "mlp"), args.settings)
     assert len(asked) == 1 and cluster.server_service == values["server_service"] == 0.0  # no server, no probe
 
 
@@ -951,24 +919,24 @@ def test_a_run_s_collectives_are_timed_as_the_executor_plans_them_for_the_model_
     from syncsim.schemes.topk import top_k
 
     n = 101_770
-    powersgd = validation.Config("allreduce:compression=powersgd,rank=4", 2, "200Mbit/s", "mlp")
+    powersgd = Config("allreduce:compression=powersgd,rank=4", 2, "200Mbit/s", "mlp")
     p_bytes = 4 * (128 + 10 + 128 * 4 + 10 * 4)  # biases, then P of each matrix (rows x rank)
     q_bytes = 4 * (784 * 4 + 128 * 4)  # Q of each matrix (cols x rank)
-    assert validation.timed_size(powersgd) == ((p_bytes, "fp32"), (q_bytes, "fp32"))
-    assert validation.timed_gather(powersgd) == () and validation.message_bytes(powersgd) == q_bytes
-    topk = validation.Config("topk:ratio=0.01", 4, "200Mbit/s", "mlp")
+    assert timed_size(powersgd) == ((p_bytes, "fp32"), (q_bytes, "fp32"))
+    assert timed_gather(powersgd) == () and message_bytes(powersgd) == q_bytes
+    topk = Config("topk:ratio=0.01", 4, "200Mbit/s", "mlp")
     k = top_k(n, 0.01)
-    assert validation.timed_size(topk) == () and validation.timed_gather(topk) == ((k, "fp32"),)
-    assert validation.message_bytes(topk) == k * (4 + 4)
-    bf16 = validation.Config("topk:ratio=0.1,precision=bf16", 2, "200Mbit/s", "mlp")
-    assert validation.timed_gather(bf16) == ((top_k(n, 0.1), "bf16"),)
-    diloco = validation.Config("diloco:period=4", 2, "200Mbit/s", "mlp")
-    assert validation.timed_size(diloco) == ((4 * n, "fp32"),)
-    streaming = validation.Config("diloco:period=4,fragments=4", 2, "200Mbit/s", "mlp")
-    assert validation.timed_size(streaming) == ((4 * (n // 4), "fp32"),)  # one fragment a period, most often
+    assert timed_size(topk) == () and timed_gather(topk) == ((k, "fp32"),)
+    assert message_bytes(topk) == k * (4 + 4)
+    bf16 = Config("topk:ratio=0.1,precision=bf16", 2, "200Mbit/s", "mlp")
+    assert timed_gather(bf16) == ((top_k(n, 0.1), "bf16"),)
+    diloco = Config("diloco:period=4", 2, "200Mbit/s", "mlp")
+    assert timed_size(diloco) == ((4 * n, "fp32"),)
+    streaming = Config("diloco:period=4,fragments=4", 2, "200Mbit/s", "mlp")
+    assert timed_size(streaming) == ((4 * (n // 4), "fp32"),)  # one fragment a period, most often
     for scheme in validation.COMPRESSED:  # one worker sends nothing
-        assert validation.timed_size(validation.Config(scheme, 1, "200Mbit/s", "mlp")) == ()
-        assert validation.timed_gather(validation.Config(scheme, 1, "200Mbit/s", "mlp")) == ()
+        assert timed_size(Config(scheme, 1, "200Mbit/s", "mlp")) == ()
+        assert timed_gather(Config(scheme, 1, "200Mbit/s", "mlp")) == ()
 
 
 def test_the_calibrated_workload_has_the_model_s_shapes_and_leaves_the_compressors_to_the_compute_probe(
@@ -977,19 +945,19 @@ def test_the_calibrated_workload_has_the_model_s_shapes_and_leaves_the_compresso
     # that work again (compress_flops, scan_rate unset), and the simulator must send PowerSGD's rounds at
     # the sizes the run sends them (the model's own shapes).
     _fake_links(monkeypatch)
-    monkeypatch.setattr("real.testbed.calibration.measure_link", lambda *a, now, gathers, **k: {
+    monkeypatch.setattr("real.calibration.link_probe.measure_link", lambda *a, now, gathers, **k: {
         "burst": 15_000, "fits": {name: {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
                                   for name in ("pingpong", "allreduce_fp32", "allreduce_fp16", "allgather_fp32")},
         "now": [[size, precision, [5e-3]] for size, precision in now],
         "gather_now": [[values, precision, [5e-3]] for values, precision in gathers]})
-    monkeypatch.setattr("real.testbed.calibration.measure_compute", lambda *a, **k: FAKE_COMPUTE)
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", lambda *a, **k: FAKE_COMPUTE)
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     for scheme in validation.COMPRESSED:
-        config = validation.Config(scheme, 2, "200Mbit/s", "mlp")
-        cluster, workload, _ = validation.calibrate(config, args)
+        config = Config(scheme, 2, "200Mbit/s", "mlp")
+        cluster, workload, _ = calibrate(config, args.settings)
         assert workload.shapes == ((128, 784), (128,), (10, 128), (10,))
         assert workload.compress_flops is None and workload.scan_rate is None
-        trace = simulate(cluster, workload, validation.as_run_on_gloo(scheme), steps=8).trace
+        trace = simulate(cluster, workload, as_run_on_gloo(scheme), steps=8).trace
         sent = trace[trace["kind"].isin(["allreduce", "allgather", "outer"])].groupby("kind")["bytes"]
         expected = {"allreduce:compression=powersgd,rank=4": {"allreduce": {2760, 14592}},
                     "topk": {"allgather": {8144}}, "diloco:period=4": {"outer": {407_080}}}[str(parse(scheme))]
@@ -1044,7 +1012,7 @@ def test_top_k_s_exchange_is_fitted_as_the_simulator_prices_an_all_gather_on_the
     # k (4 + value bytes) per rank on the cluster's link. The probe times the executor's exchange (k int32
     # indices, then k values) at the run's k; on the ping-pong's alpha and rate the fit's launch makes the
     # simulator's own price of it equal the exchange's timed mean.
-    from real.testbed.calibration import gather_bytes
+    from real.calibration.messages import gather_bytes
     from syncsim.collectives import allgather_time
 
     alpha, rate, burst = 1e-4, 25e6, 25_000
@@ -1083,13 +1051,14 @@ def test_the_link_probe_times_a_top_k_run_s_exchange_at_every_call_and_never_cac
         assert measured["gather_now"] == [[1018, "fp32", [4e-3] * AT_REPEATS]]
         assert measured["fits"]["allgather_fp32"]["launch_from"] == "run's size, timed"
     assert launches == [("", True), ("1018:fp32", False), ("1018:fp32", False)]
-    assert json.loads((tmp_path / "link-1Gbit-s-h2.json").read_text())["probe"].get("at_gather", []) == []
+    cached = json.loads((tmp_path / "link-1Gbit-s-h2.json").read_text())["result"]  # real.calibration.cache
+    assert cached["probe"].get("at_gather", []) == []
     with pytest.raises(ValueError, match="gathers entry"):
         measure_link("1Gbit/s", tmp_path, gathers=((0, "fp32"),))
 
 
 def test_the_link_probe_s_gather_option_names_a_bad_entry():
-    from real.testbed.calibration import parse_gather
+    from real.calibration.messages import parse_gather
 
     assert parse_gather("1018:fp32,17:bf16") == [(1018, "fp32"), (17, "bf16")] and parse_gather("") == []
     for bad in ("0:fp32", "12:fp8", "x:fp32", "12", "-3:fp16"):
@@ -1162,30 +1131,30 @@ def test_a_run_s_logged_losses_agree_with_its_schedule_replayed_and_a_wrong_run_
     steps, batch, lr = 6, 16, 0.05
     good, wrong = tmp_path / "good", tmp_path / "wrong"
     _write_run(good, scheme, 2, steps, batch, lr, _reference_losses(scheme, 2, steps, batch, lr))
-    compared, median, top = validation.loss_agreement(validation.measured_losses(good),
-                                                      validation.replayed_losses(good, steps))
+    compared, median, top = loss_agreement(measured_losses(good),
+                                                      replayed_losses(good, steps))
     assert compared == steps and top <= 1e-5 and median <= top
     # the replay stops once the first steps asked for are taken; more than the run has: the run's
-    replayed = validation.replayed_losses(good, 3)
+    replayed = replayed_losses(good, 3)
     assert replayed.shape == (3, 2) and np.isfinite(replayed).all()
-    assert validation.replayed_losses(good, 100).shape == (steps, 2)
-    figures = validation.loss_figures(good, 4)
+    assert replayed_losses(good, 100).shape == (steps, 2)
+    figures = loss_figures(good, 4)
     assert figures["loss_steps"] == 4 and figures["loss_rel_max"] <= 1e-5
-    assert validation.loss_figures(good, 0)["loss_steps"] == 0
+    assert loss_figures(good, 0)["loss_steps"] == 0
     if scheme == "allreduce":
         _write_run(wrong, scheme, 2, steps, batch, lr, _reference_losses(scheme, 2, steps, batch, lr, mean=False))
-        assert validation.loss_figures(wrong, steps)["loss_rel_max"] > 1e-3
+        assert loss_figures(wrong, steps)["loss_rel_max"] > 1e-3
 
 
 def test_loss_agreement_compares_finite_pairs_and_counts_one_sided_divergence_as_infinitely_apart():
     measured = np.array([[2.0, 2.0], [1.0, 4.0], [np.nan, 1.0]])
     replayed = np.array([[2.0, 2.2], [1.0, 4.0], [np.nan, 1.0]])
-    steps, median, top = validation.loss_agreement(measured, replayed)
+    steps, median, top = loss_agreement(measured, replayed)
     assert steps == 3 and top == pytest.approx(0.1) and median == 0.0  # the pair both NaN is left out
-    _, _, top = validation.loss_agreement(measured, np.array([[2.0, 2.0], [1.0, np.inf], [np.nan, 1.0]]))
+    _, _, top = loss_agreement(measured, np.array([[2.0, 2.0], [1.0, np.inf], [np.nan, 1.0]]))
     assert top == math.inf
-    assert validation.loss_agreement(measured[:1], replayed)[0] == 1  # as many steps as both have
-    steps, median, top = validation.loss_agreement(np.full((2, 1), np.nan), np.full((2, 1), np.nan))
+    assert loss_agreement(measured[:1], replayed)[0] == 1  # as many steps as both have
+    steps, median, top = loss_agreement(np.full((2, 1), np.nan), np.full((2, 1), np.nan))
     assert steps == 2 and math.isnan(median) and math.isnan(top)
 
 
@@ -1198,7 +1167,7 @@ def test_the_summary_gives_the_loss_curves_agreement_and_a_table_by_scheme():
 
     frame = pd.DataFrame([row("topk", 1e-7, 2e-6), row("topk", 3e-7, 5e-6), row("diloco:period=4", 2e-4, 1.7e-2),
                           row("allreduce", np.nan, np.nan), row("ps", 1.0, 9.0, error="RuntimeError: injected")])
-    lines = validation.summary_lines(frame)
+    lines = summary_lines(frame)
     line = next(line for line in lines if line.startswith("loss curves: each run's"))
     assert "first 40 steps" in line and "median 3e-07" in line and "max 0.017 over 3 configurations" in line
     start = lines.index(next(line for line in lines if line.startswith("loss curves, |replayed")))
@@ -1206,7 +1175,7 @@ def test_the_summary_gives_the_loss_curves_agreement_and_a_table_by_scheme():
     assert len(table) == 4 and table[0].startswith("| scheme")
     assert table[2].split("|")[1:5] == [" topk            ", "    2e-07 ", "    5e-06 ", "    2 "]
     assert "diloco:period=4" in table[3] and not any("| ps " in t for t in table)  # the failed row nowhere
-    assert not any(line.startswith("loss") for line in validation.summary_lines(frame.drop(columns=[
+    assert not any(line.startswith("loss") for line in summary_lines(frame.drop(columns=[
         "loss_steps", "loss_rel_median", "loss_rel_max"])))
 
 
@@ -1221,7 +1190,7 @@ def test_a_resumed_study_compares_the_loss_curves_of_rows_measured_before_they_w
         (tmp_path / "runs" / config.name / "summary.json").write_text("{}")
     (tmp_path / "runs" / configs[0].name / "trace.csv").unlink()
     assert validation.main(argv) == 0
-    data = pd.read_csv(csv, keep_default_na=False, na_values=[""]).set_index(list(validation.KEY))
+    data = pd.read_csv(csv, keep_default_na=False, na_values=[""]).set_index(list(KEY))
     assert math.isnan(data.loc[configs[0].key, "loss_rel_max"])
     assert (data.loc[[c.key for c in configs[1:]], "loss_rel_max"] == 2e-6).all()
 
@@ -1230,7 +1199,7 @@ def test_a_resumed_study_compares_the_loss_curves_of_rows_measured_before_they_w
 SHARDED = ("zero:stage=1", "zero:stage=2", "zero:stage=3,precision=bf16", "fsdp", "fsdp:reshard=false")
 
 
-def test_sharded_schemes_are_rows_the_study_accepts_and_none_is_in_the_default_grid(tmp_path):
+def test_sharded_schemes_are_rows_the_study_accepts_and_three_are_in_the_default_grid(tmp_path):
     from syncsim.schemes import SHARDED_ACTIONS
 
     args = validation.parse_args(["--schemes", ",".join(SHARDED), "--worlds", "2", "--bandwidths", "200Mbit/s",
@@ -1242,24 +1211,54 @@ def test_sharded_schemes_are_rows_the_study_accepts_and_none_is_in_the_default_g
     def sharded(scheme):
         return any(issubclass(kind, SHARDED_ACTIONS) for kind in parse(scheme).policy(4.0).action_types(2))
 
-    assert not any(sharded(c.scheme) for c in validation.grid())
+    in_grid = {(c.scheme, c.world, c.bandwidth, c.slow) for c in validation.grid() if sharded(c.scheme)}
+    assert in_grid == {(str(parse(s)), 2, "200Mbit/s", 1.0) for s in validation.SHARDED}
+
+
+def test_a_sharded_row_is_priced_with_the_traffic_its_own_collectives_were_timed_at(monkeypatch, tmp_path):
+    # Basis: fit_traffic's factors make the simulator's price of the step's collectives equal the timed ones
+    # (tests/unit/test_sharded_probe.py); calibrate gives the row's cluster those factors and records them,
+    # and leaves every other row on NCCL's ring (1).
+    from real.calibration.sharded_fit import simulated_collectives
+
+    _fake_links(monkeypatch)
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", lambda *a, **k: FAKE_COMPUTE)
+    asked = []
+
+    def measure_sharded(bandwidth, folder, scheme, model, world, prefix):
+        asked.append((bandwidth, scheme, model, world))
+        return {"reducescatter": [spent["reducescatter"]] * 15, "allgather": [spent["allgather"]] * 15}
+
+    monkeypatch.setattr("real.calibration.sharded_probe.measure_sharded", measure_sharded)
+    settings = validation.parse_args(["--out", str(tmp_path / "v")]).settings
+    config = Config("fsdp", 2, "200Mbit/s", "mlp")
+    plain, workload, _ = calibrate(Config("allreduce", 2, "200Mbit/s", "mlp"), settings)
+    spent = simulated_collectives(plain.replace(reducescatter_traffic=2.1, allgather_traffic=1.05), workload, "fsdp")
+    cluster, _, values = calibrate(config, settings)
+    assert asked == [("200Mbit/s", "fsdp", "mlp", 2)]
+    assert (cluster.reducescatter_traffic, cluster.allgather_traffic) == pytest.approx((2.1, 1.05), rel=1e-6)
+    assert (values["reducescatter_traffic"], values["allgather_traffic"]) == (cluster.reducescatter_traffic,
+                                                                                cluster.allgather_traffic)
+    assert (plain.reducescatter_traffic, plain.allgather_traffic) == (1.0, 1.0)
+    one, _, _ = calibrate(Config("fsdp", 1, "200Mbit/s", "mlp"), settings)  # one worker: no collective, not probed
+    assert (one.reducescatter_traffic, one.allgather_traffic) == (1.0, 1.0) and len(asked) == 1
 
 
 @pytest.mark.parametrize("scheme", SHARDED)
 def test_a_sharded_run_is_timed_by_the_all_reduce_of_its_gradient(scheme):
     from syncsim.schemes import ReduceScatterGradients
 
-    config = validation.Config(scheme, 2, "200Mbit/s", "mlp")
+    config = Config(scheme, 2, "200Mbit/s", "mlp")
     spec = parse(scheme)
-    gradient = validation.model_bytes("mlp") * spec.wire_ratio
-    action = validation.sync_action(config)
+    gradient = model_bytes("mlp") * spec.wire_ratio
+    action = sync_action(config)
     assert isinstance(action, ReduceScatterGradients) and action.nbytes == gradient
     assert (config.servers, config.link_hosts) == (0, 2)
-    assert validation.message_bytes(config) == gradient
-    assert validation.timed_size(config) == ((wire_bytes(gradient, spec.precision), spec.precision),)
-    assert validation.timed_gather(config) == ()
+    assert message_bytes(config) == gradient
+    assert timed_size(config) == ((wire_bytes(gradient, spec.precision), spec.precision),)
+    assert timed_gather(config) == ()
     # one worker sends nothing over the links
-    assert validation.timed_size(validation.Config(scheme, 1, "200Mbit/s", "mlp")) == ()
+    assert timed_size(Config(scheme, 1, "200Mbit/s", "mlp")) == ()
 
 
 def test_a_scheme_the_executor_does_not_run_is_refused_before_any_row_runs(tmp_path, capsys):
@@ -1267,3 +1266,23 @@ def test_a_scheme_the_executor_does_not_run_is_refused_before_any_row_runs(tmp_p
         validation.parse_args(["--schemes", "zero:stage=1,precision=bf16", "--worlds", "2", "--bandwidths",
                                "200Mbit/s", "--models", "mlp", "--slow", "1", "--out", str(tmp_path / "v")])
     assert "ZeroRedundancyOptimizer" in capsys.readouterr().err
+
+
+def test_the_testbed_s_check_becomes_the_study_s_quick_preset_without_importing_it(monkeypatch):
+    # python -m real.testbed --check is python -m studies.validation --quick (with the testbed's prefix and
+    # the options after --): the process is replaced by the study, run as its own program
+    import sys
+
+    from real.testbed.__main__ import main as testbed
+
+    became = []
+
+    def execv(path, argv):
+        became.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execv", execv)
+    monkeypatch.setattr("real.testbed.__main__.raise_on_signals", lambda: None)  # this process's handlers kept
+    with pytest.raises(SystemExit):
+        testbed(["--check", "--prefix", "sstbchk", "--", "--steps", "12"])
+    assert became == [[sys.executable, "-m", "studies.validation", "--quick", "--prefix", "sstbchk", "--steps", "12"]]

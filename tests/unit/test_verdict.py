@@ -1,4 +1,4 @@
-"""studies.verdict: the validation study judges its targets only on a steady machine and the full grid."""
+"""real.validation.verdict: the validation study judges its targets only on a steady machine and the full grid."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from real.testbed.steadiness import Steadiness
-from studies import verdict
+from real.validation import verdict
 
 KEY = ("scheme", "world", "servers", "bandwidth", "model", "slow")
 STEADY = Steadiness("mlp", 32, 1.0, (1e-3,) * 20)  # the same speed in every window: no pair moved

@@ -1,0 +1,79 @@
+"""The compute probe's numbers in syncsim's terms (no torch, no I/O): how long it times, what work a scheme's
+worker does (worker_work, which names its probe), its ranks' timings summarised, and the idle cost."""
+
+from __future__ import annotations
+
+import statistics
+
+__all__ = ["COMPUTE_STEPS", "COMPUTE_SECONDS", "COMPUTE_WARMUP", "MAX_COMPUTE_STEPS", "IDLE_GAPS", "IDLE_STEPS",
+           "idle_cost", "worker_work", "summarise_compute"]
+
+# Each rank times at least COMPUTE_STEPS steps and COMPUTE_SECONDS of them (after COMPUTE_WARMUP): on a shared
+# machine a 0.5 ms step timed 40 times is 20 ms of measurement, which one burst of another process can fill.
+COMPUTE_STEPS, COMPUTE_SECONDS, COMPUTE_WARMUP, MAX_COMPUTE_STEPS = 40, 2.0, 5, 20_000
+# After the back-to-back steps the probe times IDLE_STEPS steps after each of IDLE_GAPS seconds idle: a run's
+# worker waits for the network between steps, and on this machine a step after an idle gap computes longer
+# (the small model: 0.45 ms back to back, 0.63 ms after 2 ms idle, 1.04 ms after 5 ms, 1.56 ms after 20 ms).
+IDLE_GAPS, IDLE_STEPS = (2e-3, 8e-3, 30e-3), 15
+
+
+def idle_cost(back_to_back: float, after_idle: list[list[float]]) -> list[tuple[float, float]]:
+    """syncsim's Workload.idle_cost from the compute probe: for each of IDLE_GAPS, how much longer the
+    steps that followed that gap took than the ``back_to_back`` mean (none shorter); none without
+    timings after idle gaps (a scheme without servers)."""
+    if not after_idle:  # the probe of a scheme without servers, whose workers never idle
+        return []
+    if len(after_idle) != len(IDLE_GAPS) or not all(after_idle):
+        raise ValueError(f"idle_cost needs timings after each of {len(IDLE_GAPS)} gaps, got {len(after_idle)} lists "
+                         f"of {[len(t) for t in after_idle]}")
+    return [(gap, max(0.0, statistics.fmean(times) - back_to_back)) for gap, times in zip(IDLE_GAPS, after_idle)]
+
+
+def summarise_compute(gathered: list[dict], model: str, batch_size: int, scheme: str, slow: float) -> dict:
+    """The compute probe's result from every rank's timings (``gathered``, in rank order, as
+    real.calibration.compute_probe.time_worker_steps gives them): compute_time (the mean over ranks and
+    steps), jitter (its coefficient of variation), backward_fraction, forward_time, per_rank, layers,
+    idle_cost and meets. With ``slow`` > 1 the last rank's steps (slowed as --slow slows a run's last
+    worker) are reported apart: slowed_time, slow_forward and slow_wait."""
+    processes = len(gathered)
+    gathered = list(gathered)
+    slowed = gathered.pop() if slow > 1 else None  # the last rank's, as --slow slows a run's last worker
+    steps = [t for g in gathered for t in g["steps"]]
+    mean = statistics.fmean(steps)
+    result = {"model": model, "batch_size": batch_size, "processes": processes, "scheme": scheme,
+              "compute_time": mean, "jitter": statistics.pstdev(steps) / mean,
+              "backward_fraction": statistics.fmean(t for g in gathered for t in g["backward"]) / mean,
+              "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
+              "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"],
+              "idle_cost": idle_cost(mean, [[t for g in gathered for t in g["after_idle"][i]]
+                                            for i in range(len(gathered[0]["after_idle"]))]),
+              "meets": gathered[0]["meetings"]}  # how often the ranks met at their scheme's collectives
+    if slowed is not None:
+        result |= {"slow": slow, "slowed_time": statistics.fmean(slowed["steps"]),
+                   "slow_forward": slowed["slow_forward"], "slow_wait": slowed["slow_wait"]}
+    return result
+
+
+def worker_work(scheme: str) -> str:
+    """The name of what a worker of ``scheme`` computes in a step, as its compute probe times it: schemes
+    whose workers do the same work share one probe (a synchronous, an asynchronous and an SSP parameter
+    server's workers compute, push and pull the same tensors: one probe of each model and worker count
+    instead of three, two minutes of the default grid).
+
+    The work is the plan's actions over the probe's steps at the scheme's precision and autocast, less
+    what the probe's FreeNetwork does nothing for: a WaitForClock (a wait for peers, which returns at
+    once) and a push's ``aggregate`` (how the servers apply it; the worker casts and sends the same
+    gradient). Named by the scheme's precision and a digest of that work."""
+    import dataclasses
+    import hashlib
+
+    from syncsim.schemes import parse
+    from syncsim.schemes.actions import Push, WaitForClock
+
+    spec = parse(scheme)
+    steps = COMPUTE_WARMUP + COMPUTE_STEPS
+    policy = spec.policy(4.0)  # which actions occur does not depend on the model's size (real.config)
+    work = [[dataclasses.replace(a, aggregate=True) if isinstance(a, Push) else a
+             for a in policy.plan(step, steps) if not isinstance(a, WaitForClock)] for step in range(steps)]
+    digest = hashlib.sha1(repr((spec.precision, spec.amp, work)).encode()).hexdigest()[:8]
+    return f"{spec.precision}{'-amp' if spec.amp else ''}-{digest}"

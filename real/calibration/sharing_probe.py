@@ -1,0 +1,125 @@
+"""The sharing probe: two transfers colliding in one host's shaper on a 3-host testbed, timed, and the
+newcomer weight that reproduces them on syncsim's link (real.calibration.sharing_fit)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+from real.calibration.cache import cached, slug
+from real.calibration.sharing_fit import fit_sharing
+from real.calibration.timing import refill_idle
+from syncsim.files import write_atomic
+
+__all__ = ["SHARING_OFFSETS", "measure_sharing", "sharing_rank"]
+
+# The sharing probe's second transfer starts these fractions of a lone transfer after the first: at once (a
+# synchronous round's pulls) and part-way through (a push arriving while another is on the link).
+SHARING_OFFSETS = (0.0, 0.25, 0.5)
+
+
+def measure_sharing(bandwidth: str, folder: Path, link: dict, burst: float, message_bytes: float,
+                    prefix: str = "sstb", repeats: int = 5) -> dict:
+    """Two transfers of ``message_bytes`` colliding in one host's shaper on a 3-host testbed at ``bandwidth``;
+    {"trials": raw timings, ...fit_sharing}: the newcomer weight that reproduces them on ``link`` (a fit_links
+    entry: the point-to-point α and B) with the testbed's bucket ``burst``."""
+    size = max(4, int(message_bytes) // 4 * 4)
+
+    def measure() -> dict:
+        from real.testbed.launcher import torchrun_on
+        from real.testbed.namespaces import Testbed
+
+        probe_file = folder / f"sharing-{slug(bandwidth)}-{size}.raw.json"
+        with Testbed(hosts=3, bandwidth=bandwidth, prefix=prefix) as bed:
+            idle = refill_idle(bed.config)
+            lone = size / bed.config.bandwidth
+            codes = torchrun_on(bed, "real.calibration",
+                                ["--sharing", str(probe_file), "--size", str(size), "--repeats", str(repeats),
+                                 "--idle", str(idle), "--lone", str(lone)], folder / "logs", timeout=900, agent=False)
+        if any(codes):
+            raise RuntimeError(f"sharing probe at {bandwidth} failed (node exit codes {codes}); logs in {folder}/logs")
+        return {"bandwidth": bandwidth, "size": size, "trials": json.loads(probe_file.read_text())}
+
+    measured = cached(folder / f"sharing-{slug(bandwidth)}-{size}.json", measure)
+    return measured | fit_sharing(measured["trials"], link["bandwidth"], link["alpha"], burst, size)
+
+
+# -- what the ranks run -------------------------------------------------------------
+def _sleep_until(deadline: float) -> None:
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(min(left, 0.001) if left > 0.002 else 0)
+
+
+def _wait_timed(works: list, ends: list[float]) -> None:
+    """Wait for every receive of ``works``, writing when each completed into ``ends``. gloo completes a
+    receive only inside wait(), so each is waited for on a thread of its own."""
+
+    def receive(i: int) -> None:
+        works[i].wait()
+        ends[i] = time.perf_counter()
+
+    threads = [threading.Thread(target=receive, args=(i,)) for i in range(len(works))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) -> None:
+    """Rank 0 is the shared host; ranks 1 and 2 its peers. "into": both peers send to rank 0 (pushes meeting
+    in the shaper in front of a server); "out": rank 0 sends to both (pulls leaving through the server's
+    own shaper). The second transfer starts SHARING_OFFSETS of a lone transfer after the first. Every
+    namespace of the testbed reads one CLOCK_MONOTONIC (time.perf_counter), so the instants compare."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    buffers = [torch.zeros(size // 4) for _ in range(2)]
+    trials = []
+    for pattern in ("into", "out"):
+        for fraction in SHARING_OFFSETS:
+            for repeat in range(repeats + 1):  # the first is a warm-up (connections, buffers)
+                dist.barrier()
+                start = torch.tensor([time.perf_counter() + idle + 0.02], dtype=torch.float64)
+                dist.broadcast(start, 0)  # one instant for all; the links then rest ``idle`` (refilling buckets)
+                at = (float(start), float(start) + fraction * lone)  # when flow 0 (peer 1) and flow 1 (peer 2) start
+                starts, ends = _collide(pattern, at, buffers)
+                gathered = [None] * dist.get_world_size()
+                dist.all_gather_object(gathered, (starts, ends))
+                if repeat:  # each instant was taken by one rank: the one that is not NaN
+                    known = [[next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)]
+                             for values in zip(*gathered)]
+                    trials.append({"pattern": pattern, "fraction": fraction, "starts": known[0], "ends": known[1]})
+    if dist.get_rank() == 0:
+        write_atomic(out, json.dumps(trials))
+    dist.destroy_process_group()
+
+
+def _collide(pattern: str, at: tuple[float, float], buffers: list) -> tuple[list[float], list[float]]:
+    """This rank's part of one collision of ``pattern`` whose flows start at the instants ``at``: (starts,
+    ends) of flows 0 and 1, NaN where another rank takes the instant."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    starts, ends = [math.nan, math.nan], [math.nan, math.nan]
+    if pattern == "into" and rank == 0:
+        _wait_timed([dist.irecv(buffers[i], i + 1) for i in range(2)], ends)
+    elif pattern == "into":
+        _sleep_until(at[rank - 1])
+        starts[rank - 1] = time.perf_counter()
+        dist.send(buffers[0], 0)
+    elif rank == 0:
+        works = []
+        for i in range(2):
+            _sleep_until(at[i])
+            starts[i] = time.perf_counter()
+            works.append(dist.isend(buffers[i], i + 1))
+        for work in works:
+            work.wait()
+    else:
+        dist.recv(buffers[0], 0)
+        ends[rank - 1] = time.perf_counter()
+    return starts, ends

@@ -1,0 +1,192 @@
+"""A configuration calibrated on this machine, under its own contention: the syncsim Cluster and Workload
+that describe it, from real.calibration's probes (compute, links, a server NIC's sharing, a parameter
+server's own time per request, how long a sharded step's gloo collectives keep the links busy)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from real.validation.config import Config, model_shapes
+from real.validation.settings import Settings
+from real.validation.traffic import message_bytes, sync_action, timed_gather, timed_size
+
+if TYPE_CHECKING:
+    from syncsim import Cluster, Link, Workload
+
+__all__ = ["Calibration", "Links", "calibrate", "calibrate_links", "slow_speed"]
+
+
+class Links(NamedTuple):
+    """The links a configuration's traffic crosses, as fitted at its sizes: the workers' (``worker``, with
+    ``launch``, a collective's own cost), the parameter server's NIC (``server``) and the server's time per
+    push or pull beyond it (``service``); ``at_size``, the run's own collectives of a step timed just
+    before it (NaN when it sends none over the links)."""
+
+    worker: Link
+    launch: float
+    server: Link
+    service: float
+    at_size: float
+
+
+class Calibration(NamedTuple):
+    """What calibrate gives: the Cluster and Workload to simulate, and the measured values a row records."""
+
+    cluster: Cluster
+    workload: Workload
+    values: dict
+
+
+def calibrate(config: Config, settings: Settings) -> Calibration:
+    """The Cluster and Workload that describe ``config`` on this machine, and the measured values."""
+    from real.calibration.cache import slug
+    from real.calibration.compute_probe import measure_scheme_compute
+
+    folder = settings.out / "calibration"
+    # the executor's own step of this scheme without its communication (under autocast where amp=true),
+    # with the last rank slowed as the run's last worker is in a straggler row
+    compute = measure_scheme_compute(config.model, settings.batch_size, config.world, folder, scheme=config.scheme,
+                              slow=config.slow, repeat=slug(config.bandwidth) if config.baseline else "")
+    links = calibrate_links(config, settings, folder)
+    workload = _workload(config, compute, settings.batch_size)
+    cluster = _cluster(config, compute, links)
+    cluster = cluster.replace(**sharded_traffic(config, settings, folder, cluster, workload))
+    values = {"compute_time": workload.compute_time, "jitter": cluster.jitter, "link_bandwidth": links.worker.bandwidth,
+              "link_alpha": links.worker.latency, "link_launch": cluster.collective_latency,
+              "server_bandwidth": links.server.bandwidth,
+              "server_alpha": links.server.latency, "server_newcomer_weight": links.server.newcomer_weight,
+              "server_sharing_spread": links.server.sharing_spread, "server_service": links.service,
+              "reducescatter_traffic": cluster.reducescatter_traffic, "allgather_traffic": cluster.allgather_traffic,
+              # the forward the probe's slowed rank sized its sleep from, which the run is given (measure)
+              "slow_forward": compute["slow_forward"] if config.slow > 1 else math.nan,
+              "link_at_size": links.at_size}
+    return Calibration(cluster, workload, values)
+
+
+def calibrate_links(config: Config, settings: Settings, folder: Path) -> Links:
+    """The links' rates around the size of what the run sends at once: the gradient at the wire precision."""
+    from real.calibration.link_fit import at_size_time
+    from real.calibration.link_probe import measure_link
+    from syncsim import Link
+    from syncsim.schemes import parse
+
+    message = message_bytes(config)
+    # an all-reducing run's own all-reduces (PowerSGD's two rounds) and a top-k run's exchange are timed at
+    # their sizes in the minute before it runs (measure_link's ``now`` and ``gathers``): the sweep is cached
+    # from the study's start, and a collective that the cores rather than the shaper pace drifts with the
+    # machine's load over the half hour a grid takes
+    own, gathers = timed_size(config), timed_gather(config)
+    measured = measure_link(config.bandwidth, folder, settings.prefix, settings.repeats, message_bytes=message,
+                            hosts=config.link_hosts, now=own, precisions=settings.precisions, gathers=gathers)
+    fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
+    # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
+    # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes
+    # and pulls (the same shaped veth; a collective's rate would charge them its reduction and rounds),
+    # and for top-k's all-gather (no reduction: the ping-pong's α and B) with its own launch.
+    precision = parse(config.scheme).precision
+    sent = (fits["pingpong"] if config.servers else fits[f"allgather_{precision}"] if gathers
+            else fits[f"allreduce_{precision}"])
+    # The shaper's bucket refills at the shaper's own rate whatever rate a collective achieves through it
+    # (a gloo all-reduce of a small model here: 25-57 MB/s, its reduction and rounds included, through a
+    # 1 Gbit/s shaper); the ping-pong, one stream alone on the link, measures that rate in payload bytes
+    # (118 MB/s at 1 Gbit/s: a 1514-byte frame carries 1448). A fitted collective rate above it (four
+    # hosts' rings overlap their hops) leaves it at that rate.
+    refill = max(fits["pingpong"]["bandwidth"], sent["bandwidth"])
+    link = Link(bandwidth=sent["bandwidth"], latency=sent["alpha"], burst=burst, refill=refill)
+    server = _server_link(config, settings, folder, fits["pingpong"], burst, message)
+    service = _server_service(config, settings, folder, fits["pingpong"], burst, message)
+    # the run's collectives of a step as timed just before it (the trimmed means their forms pass through,
+    # summed: PowerSGD's two rounds, top-k's exchange)
+    at_size = (sum(at_size_time(t) for _, _, t in measured["now"] + measured.get("gather_now", []))
+               if own or gathers else math.nan)
+    return Links(link, sent["launch"], server, service, at_size)
+
+
+def _server_link(config: Config, settings: Settings, folder: Path, pingpong: dict, burst: float,
+                 message: float) -> Link:
+    """A server's NIC carries concurrent pushes (and pulls) of the whole gradient: how two of them split
+    the shaper, measured at that size (real.calibration.sharing_probe.measure_sharing), sets its weights."""
+    from real.calibration.sharing_probe import measure_sharing
+    from syncsim import Link
+
+    sharing = {"weight": 1.0, "spread": 0.0}
+    if config.servers and config.world > 1:
+        sharing = measure_sharing(config.bandwidth, folder, pingpong, burst, message, settings.prefix,
+                                  settings.repeats)
+    return Link(bandwidth=pingpong["bandwidth"], latency=pingpong["alpha"], burst=burst,
+                newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"])
+
+
+def _server_service(config: Config, settings: Settings, folder: Path, pingpong: dict, burst: float,
+                    message: float) -> float:
+    """What the server's protocol adds to each push and pull beyond its link (real.calibration.server_probe):
+    timed at the run's payload with one worker and no model, and fitted to the simulator's own price; 0
+    without a server."""
+    from real.calibration.messages import wire_bytes
+    from real.calibration.server_fit import fit_service
+    from real.calibration.server_probe import measure_server
+    from syncsim.schemes import parse
+
+    if not config.servers:
+        return 0.0
+    precision = parse(config.scheme).precision
+    size = wire_bytes(message, precision)
+    timed = measure_server(config.bandwidth, folder, size, precision, settings.prefix)
+    return fit_service(timed, pingpong["alpha"], pingpong["bandwidth"], burst, size)
+
+
+def sharded_traffic(config: Config, settings: Settings, folder: Path, cluster: Cluster, workload: Workload) -> dict:
+    """The Cluster's ``reducescatter_traffic`` and ``allgather_traffic`` for a sharded run of ``config`` on
+    more than one worker: the step's own gloo collectives timed on the testbed (real.calibration.sharded_probe),
+    their trimmed means fitted through the simulator's price on the run's link and launch; {} for any other
+    run (NCCL's ring, 1, stands)."""
+    from real.calibration.link_fit import at_size_time
+    from real.calibration.sharded_fit import KINDS, fit_traffic
+    from real.calibration.sharded_probe import measure_sharded
+    from real.validation.prediction import as_run_on_gloo
+    from syncsim.schemes.actions import ReduceScatterGradients
+
+    if config.world < 2 or not isinstance(sync_action(config), ReduceScatterGradients):
+        return {}
+    timed = measure_sharded(config.bandwidth, folder, config.scheme, config.model, config.world, settings.prefix)
+    return fit_traffic({kind: at_size_time(timed[kind]) for kind in KINDS}, cluster.replace(speed=None),
+                       workload, str(as_run_on_gloo(config.scheme)))
+
+
+def _cluster(config: Config, compute: dict, links: Links) -> Cluster:
+    from syncsim import Cluster
+
+    speed = None
+    if config.slow > 1:  # the slowed worker computes for as long as the probe's slowed rank did: slow_speed
+        speed = (1.0,) * (config.world - 1) + (slow_speed(compute),)
+    return Cluster.homogeneous(gpus=config.world, link=links.worker, servers=config.servers,
+                               server_link=links.server if config.servers else None, server_service=links.service,
+                               speed=speed, jitter=compute["jitter"], collective_latency=links.launch,
+                               name="testbed")
+
+
+def _workload(config: Config, compute: dict, batch_size: int) -> Workload:
+    """The model's own tensor shapes, as the executor plans with them: PowerSGD's P and Q are its matrices'.
+    The compute probe timed the executor's whole step without its communication, a compressor's
+    arithmetic and DiLoCo's outer step included (they run inside the step): the compressors' own rates
+    stay unset (None), or the simulator would charge that work a second time."""
+    from syncsim import Workload
+
+    return Workload(param_bytes=sum(compute["layers"]), layers=tuple(compute["layers"]),
+                    compute_time=compute["compute_time"], batch_size=batch_size,
+                    backward_fraction=compute["backward_fraction"], idle_cost=compute["idle_cost"],
+                    shapes=model_shapes(config.model), compress_flops=None, scan_rate=None, name=config.model)
+
+
+def slow_speed(compute: dict) -> float:
+    """The speed factor of a worker run with ``--slow RANK:factor``: the others' step over the slowed
+    rank's, both timed by the compute probe (measure_compute with ``slow``).
+
+    real.executor makes that rank sleep (factor - 1) x COMPUTE_PER_FORWARD x a forward time (timed warm,
+    once, by the probe's slowed rank, and given to the run: measure) between forward and backward, and a
+    process computes slower right after a sleep than back to back: the small model's slowed step (factor 3)
+    took 3.0-5.9 ms in the probe, where compute + that sleep computed from the others' times gives
+    1.5-2.8 ms, and 3.8-6.4 ms in the grid's runs. So the slowed step is measured, not derived."""
+    return compute["compute_time"] / compute["slowed_time"]

@@ -1,0 +1,120 @@
+"""A configuration predicted: ``simulate`` on its calibrated Cluster and Workload as gloo runs it, pooled
+over seeds; how many steps its run takes; and the replay, a diagnostic that simulates the measured run
+again with its own compute phases."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from syncsim.metrics import SteadyState
+
+__all__ = ["Prediction", "PREDICTION_SEEDS", "LONG_RUN", "MIN_STEPS", "SHORT_RUN", "MAX_STEPS", "as_run_on_gloo",
+           "run_steps", "predict", "replayed_compute", "replay"]
+
+# A prediction pools this many simulations of its configuration, each with its own seed: the draws of
+# how colliding flows split a server's shaper (syncsim.network's sharing spread) and of compute jitter
+# make one simulation a sample, whose step time varied by up to 13 % from seed to seed on the default
+# grid (two SSP or asynchronous workers). The measured run is one sample; the prediction is the model's
+# expectation.
+PREDICTION_SEEDS = 8
+LONG_RUN, MIN_STEPS = 30.0, 20  # a run predicted to take longer than LONG_RUN seconds runs fewer steps
+SHORT_RUN, MAX_STEPS = 2.0, 4000  # one predicted shorter than SHORT_RUN seconds runs more (at most MAX_STEPS)
+
+
+class Prediction(NamedTuple):
+    """The pooled steady state of PREDICTION_SEEDS simulations, and the coefficient of variation of their
+    step times (how much the model itself varies from seed to seed)."""
+
+    steady: SteadyState
+    seed_cv: float
+
+
+def as_run_on_gloo(scheme: str):
+    """``scheme`` as the executor carries it out on gloo, which runs every all-reduce as a ring whatever
+    algorithm is asked for (gloo/allreduce.cc: an unspecified algorithm is RING, and real.worker hands
+    the spec's algorithm to NCCL only). ``auto`` would price NCCL's tuner choosing between ring and
+    tree, a choice gloo never makes."""
+    from syncsim.schemes import parse
+
+    spec = parse(scheme)
+    if getattr(spec, "algorithm", "ring") != "ring":
+        spec = dataclasses.replace(spec, algorithm="ring")
+    return spec
+
+
+def run_steps(asked: int, predicted_run: float) -> int:
+    """Steps to run: ``asked``, fewer when the run would be long, more when it would be short (a multiple
+    of 4 either way, which keeps local SGD's averaging periods whole).
+
+    A step of several hundred milliseconds is network-bound and varies little, so MIN_STEPS of them
+    time it as well as forty, and the default grid stays within half an hour. A run shorter than
+    SHORT_RUN (a one-worker step of the small model is under a millisecond) is lengthened to it: on a
+    shared machine one burst of another process can fill a few tens of milliseconds."""
+    if predicted_run > LONG_RUN and asked > MIN_STEPS:
+        return max(MIN_STEPS, int(asked * LONG_RUN / predicted_run) // 4 * 4)
+    if 0 < predicted_run < SHORT_RUN:
+        return min(MAX_STEPS, -(-int(math.ceil(asked * SHORT_RUN / predicted_run)) // 4) * 4)
+    return asked
+
+
+def predict(first) -> Prediction:
+    """The prediction of a configuration whose simulation ``first`` (a SimResult, seed 0) is: the steady
+    state of PREDICTION_SEEDS simulations of it pooled (syncsim.metrics.pooled_steady_state), and the
+    coefficient of variation of their step times (how much the model itself varies from seed to seed)."""
+    from syncsim import simulate
+    from syncsim.metrics import pooled_steady_state
+
+    runs = [first] + [simulate(first.cluster, first.workload, first.scheme, steps=first.steps, seed=seed)
+                      for seed in range(first.seed + 1, first.seed + PREDICTION_SEEDS)]
+    states = [run.steady for run in runs]
+    times = np.array([state.step_time for state in states])
+    return Prediction(pooled_steady_state(states), float(times.std() / times.mean()))
+
+
+def replayed_compute(trace: pd.DataFrame, steps: int, world: int) -> np.ndarray | None:
+    """A measured run's compute as ``simulate(compute_times=)`` replays it: per (step, worker), seconds,
+    the worker's time outside its communication — its compute phase, the gap since its previous phase
+    ended (taking the pulled or averaged parameters in, the optimizer, the executor's bookkeeping: work
+    the compute probe times as part of the step) — plus how much longer than that worker's median its
+    push took to hand its bytes over (real.worker's push returns once the bytes are queued; a longer
+    one is the process held up before they left, which the simulator's push does not know of). None
+    when the trace lacks a compute phase."""
+    phases = trace.sort_values(["worker", "start", "end"], kind="stable")
+    ended = phases.groupby("worker")["end"].transform(lambda end: end.cummax().shift())
+    gap = (phases["start"] - ended).clip(lower=0).fillna(0.0)
+    computes = phases.assign(busy=phases["end"] - phases["start"] + gap)[phases["kind"] == "compute"]
+    table = computes.pivot_table(index="step", columns="worker", values="busy", aggfunc="sum")
+    table = table.reindex(index=range(steps), columns=range(world))
+    if table.isna().to_numpy().any():
+        return None
+    pushes = trace[trace["kind"] == "push"]
+    if len(pushes):
+        held = (pushes["end"] - pushes["start"]).groupby([pushes["step"], pushes["worker"]]).sum().unstack()
+        held = held.reindex(index=range(steps), columns=range(world))
+        table = table + (held - held.median()).clip(lower=0).fillna(0.0)
+    return table.to_numpy()
+
+
+def replay(cluster, workload, scheme, trace: pd.DataFrame, steps: int, world: int) -> float:
+    """The step time the simulator gives ``cluster`` and ``workload`` running ``scheme`` with the measured
+    run's own compute (replayed_compute), PREDICTION_SEEDS seeds pooled as a prediction is; NaN when the
+    trace lacks a compute phase, and for a run that communicates nothing (one worker, no server): its
+    "collective" is local work the trace times apart, and there is no rest of the model to isolate."""
+    from syncsim import simulate
+    from syncsim.metrics import pooled_steady_state
+
+    table = replayed_compute(trace, steps, world) if world > 1 or cluster.servers else None
+    if table is None:
+        return math.nan
+    # with compute given, the seed draws only how colliding flows split a server's NIC: one seed does
+    # when there are no servers or they split evenly (every seed would make the same run)
+    drawn = cluster.servers and cluster.server_net.sharing_spread > 0
+    runs = [simulate(cluster, workload, scheme, steps=steps, seed=seed, compute_times=table)
+            for seed in range(PREDICTION_SEEDS if drawn else 1)]
+    return pooled_steady_state([run.steady for run in runs]).step_time
