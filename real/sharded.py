@@ -52,6 +52,7 @@ A sharded step makes one new version, at its optimiser step (syncsim.schemes.act
 
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -124,11 +125,16 @@ class _Counted:
     """An FSDP2 custom collective (FSDPModule.set_custom_all_gather / set_custom_reduce_scatter; the interface
     of torch/distributed/fsdp/_fully_shard/_fsdp_api.py: ``allocate`` and ``__call__``, matched by duck
     typing, since the interface's classes are not exported): torch's own collective, as FSDP2's default calls
-    it, with (kind, start, end, bytes) appended to ``log``. The span is the call's: a gloo collective blocks
-    until it is done; an asynchronous one (NCCL) returns at launch."""
+    it, with (kind, start, end, bytes) appended to ``log`` and (start, end) to ``spans``. The span is the
+    call's: a gloo collective blocks until it is done; an asynchronous one (NCCL) returns at launch."""
 
-    def __init__(self, log: list, now, heartbeat) -> None:
-        self.log, self.now, self.heartbeat = log, now, heartbeat
+    def __init__(self, log: list, now, heartbeat, spans) -> None:
+        self.log, self.now, self.heartbeat, self.spans = log, now, heartbeat, spans
+
+    def _note(self, kind: str, start: float, nbytes: int) -> None:
+        end = self.now()
+        self.log.append((kind, start, end, nbytes))
+        self.spans.append((start, end))
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -140,7 +146,7 @@ class CountedAllGather(_Counted):
         with self.heartbeat.waiting_for_peers():
             work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
         # the gathered bytes: what every worker holds once it is done (AllGatherParameters.nbytes)
-        self.log.append(("allgather", start, self.now(), output_tensor.numel() * output_tensor.element_size()))
+        self._note("allgather", start, output_tensor.numel() * output_tensor.element_size())
         return work
 
 
@@ -151,7 +157,7 @@ class CountedReduceScatter(_Counted):
             work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
                                               async_op=async_op)
         # the whole gradient each worker contributes (ReduceScatterGradients.nbytes)
-        self.log.append(("reducescatter", start, self.now(), input_tensor.numel() * input_tensor.element_size()))
+        self._note("reducescatter", start, input_tensor.numel() * input_tensor.element_size())
         return work
 
 
@@ -162,6 +168,9 @@ class ShardedHandlers:
         self.zero = None
         self.units: list[nn.Module] = []
         self.collectives: list[tuple] = []   # FSDP2's collectives not yet claimed by an action
+        # (start, end) of FSDP2's latest collective calls, each its own span (an action's trace row spans all of
+        # its units', with the compute between them): what the compute probe takes off a step
+        self.collective_spans: collections.deque = collections.deque(maxlen=4096)
         self._open: list = []                # this step's gather and scatter actions awaiting their collectives
         if not any(isinstance(a, SHARDED_ACTIONS) for a in actions):
             return
@@ -221,8 +230,9 @@ class ShardedHandlers:
             fully_shard(self.model, **options)  # the root: no parameters of its own left
             self.units = [modules[0] for modules in groups]
         for unit in self.units:
-            unit.set_custom_all_gather(CountedAllGather(self.collectives, self.recorder.now, self.heartbeat))
-            unit.set_custom_reduce_scatter(CountedReduceScatter(self.collectives, self.recorder.now, self.heartbeat))
+            sinks = (self.collectives, self.recorder.now, self.heartbeat, self.collective_spans)
+            unit.set_custom_all_gather(CountedAllGather(*sinks))
+            unit.set_custom_reduce_scatter(CountedReduceScatter(*sinks))
         if forward is not None and forward.prefetch:
             for unit, following in zip(self.units, self.units[1:]):
                 unit.set_modules_to_forward_prefetch([following])

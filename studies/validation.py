@@ -69,16 +69,13 @@ SCHEMES = ("allreduce", "allreduce:precision=fp16", "ps", "ps:mode=async", "ps:s
 WORLDS = (1, 2, 4)
 BANDWIDTHS = ("50Mbit/s", "200Mbit/s", "1Gbit/s")
 MODELS = ("mlp", "lenet")
-# The schemes that trade bytes for steps (PowerSGD, top-k, DiLoCo) join the default grid as a few rows of
-# their own, (schemes, worlds, bandwidths) for every model, without straggler rows: two workers at 200 Mbit/s,
-# six rows. Each costs the grid about 10 s (a compute probe of its own, its collectives timed, a run), and the
-# grid's 112 other rows take 25-27 of its 30 minutes; the compressed messages (2.7-34 kB) pass within a tbf
-# bucket at every rate, so another rate adds time, not information. Both rates and stragglers are measured by
-# naming them (--schemes, docs/real.md). A command line that names --schemes, --worlds or --bandwidths runs
-# what it names.
+# The schemes that trade bytes for steps (PowerSGD, top-k, DiLoCo) and the sharded ones (ZeRO-1, ZeRO-3, FSDP)
+# join the default grid as a few rows of their own, (schemes, worlds, bandwidths) for every model, without
+# straggler rows: two workers at 200 Mbit/s. Each row costs the grid about 10 s (its own probes and a run), and
+# the grid's 112 other rows take 25-27 of its 30 minutes; the compressed messages (2.7-34 kB) pass within a
+# tbf bucket at every rate, so another rate adds time, not information. A command line that names --schemes,
+# --worlds or --bandwidths runs what it names (docs/real.md), other rates and stragglers included.
 COMPRESSED = ("allreduce:compression=powersgd,rank=4", "topk:ratio=0.01", "diloco:period=4")
-# The sharded schemes (ZeRO-1 on ZeroRedundancyOptimizer, ZeRO-3 and FSDP on FSDP2) join the same way: two
-# workers at 200 Mbit/s, six rows, each with its collectives timed by real.calibration.sharded_probe.
 SHARDED = ("zero:stage=1", "zero:stage=3", "fsdp")
 EXTRA = ((COMPRESSED, (2,), ("200Mbit/s",)), (SHARDED, (2,), ("200Mbit/s",)))
 SLOW = 3.0  # the straggler rows' slowed worker computes this many times as long

@@ -4,7 +4,9 @@ workers compute when they share this machine's cores; measure_scheme_compute run
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -128,16 +130,23 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
     of the small model: four of them computing back to back on two cores took 1.3-2.2 ms a step with a
     coefficient of variation of 1.3-6.3 (a step ran whole, or waited out another rank's time slice),
     where the runs' workers computed 0.5-1.2 ms, varying by 0.8-1.2, and the simulator's slowest of
-    four such draws made a local-SGD step 61 % longer than measured."""
+    four such draws made a local-SGD step 61 % longer than measured.
+
+    The ranks of a scheme that shards its gradients (ZeRO-2 and -3, FSDP: FSDP2's) run on the probe's whole
+    group instead, over loopback, and each step's time less its collectives' spans is what is timed: on a
+    one-rank group FSDP2 runs no collective and none of the work around one (copying a unit into its
+    gather buffer and out, building the reduce-scatter's input), which on two ranks of the small model was
+    1.1 ms of a step whose compute was 2.0 ms (3.1 ms outside the collectives). ZeRO-1 skips nothing on a
+    one-rank group and keeps it."""
     import gc
 
     import torch.distributed as dist
 
     from real.models import param_layers
 
-    executor, client, model, steps = _probe_executor(model_name, batch_size, scheme, folder, slow)
+    executor, client, model, steps, together = _probe_executor(model_name, batch_size, scheme, folder, slow)
     dist.barrier()  # every rank starts at once: they share the cores as a run's ranks do
-    timings, step = _time_back_to_back(executor, steps, pushes=client is not None)
+    timings, step = _time_back_to_back(executor, steps, pushes=client is not None, less_collectives=together)
     after_idle = _time_after_idle(executor, step) if client is not None else []
     layers = list(param_layers(model))
     slow_wait = executor.slow_wait  # a slowed rank's sleep per step (real.executor; 0 when not slowed)
@@ -155,8 +164,9 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
 
 def _probe_executor(model_name: str, batch_size: int, scheme: str, folder: str, slow: float):
     """(the executor of one worker of ``scheme`` on a process group of this rank alone, its FreeNetwork
-    client or None when the scheme has no servers, its model, the steps its plan spans), built as
-    real.worker builds them."""
+    client or None when the scheme has no servers, its model, the steps its plan spans, False), built as
+    real.worker builds them; for a sharded scheme on more than one rank, the executor of worker ``rank`` on
+    the whole group, and True."""
     import torch
     import torch.distributed as dist
 
@@ -172,17 +182,23 @@ def _probe_executor(model_name: str, batch_size: int, scheme: str, folder: str, 
                     steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS + len(IDLE_GAPS) * IDLE_STEPS, out=folder,
                     slow=((0, slow),) if slow > 1 else ())
     rank, world = dist.get_rank(), dist.get_world_size()
-    own = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group, in order
+    together = probed_together(cfg.spec, world)
+    if together:
+        cfg = dataclasses.replace(cfg, world=world, slow=((rank, slow),) if slow > 1 else ())
+        worker, group = rank, dist.group.WORLD
+    else:
+        worker, group = 0, [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group
     model, data = build(cfg.model, cfg.seed), load(cfg.data, cfg.seed)  # as real.worker builds them
     client = FreeNetwork(flat_params(model), WIRE_DTYPES[cfg.spec.precision]) if pushes else None
-    executor = Executor(cfg, 0, model, data, torch.device("cpu"), own, Recorder(time.time()), client=client)
-    return executor, client, model, cfg.steps
+    executor = Executor(cfg, worker, model, data, torch.device("cpu"), group, Recorder(time.time()), client=client)
+    return executor, client, model, cfg.steps, together
 
 
-def _time_back_to_back(executor, planned: int, pushes: bool) -> tuple[dict, int]:
+def _time_back_to_back(executor, planned: int, pushes: bool, less_collectives: bool = False) -> tuple[dict, int]:
     """({"steps", "forward", "backward": timings after COMPUTE_WARMUP, "meetings"}, the last step run):
     steps back to back until this rank (or, where the ranks meet at their scheme's collectives, every
-    rank) has timed what COMPUTE_STEPS and COMPUTE_SECONDS ask; ``planned``: the steps the plan spans."""
+    rank) has timed what COMPUTE_STEPS and COMPUTE_SECONDS ask; ``planned``: the steps the plan spans.
+    ``less_collectives``: each step's time is taken less the spans of the sharded collectives it recorded."""
     import torch
     import torch.distributed as dist
 
@@ -197,14 +213,18 @@ def _time_back_to_back(executor, planned: int, pushes: bool) -> tuple[dict, int]
     for step in range(COMPUTE_WARMUP + MAX_COMPUTE_STEPS):
         if (pushes or alone) and enough(step):  # ranks that never meet stop on their own
             break
+        began = executor.recorder.now()
         t0 = time.perf_counter()
         executor.run_step(step)
         elapsed = time.perf_counter() - t0
+        phases = [executor.forward_time, executor.backward_time]  # what real.executor times (a --slow rank's wait)
+        if less_collectives:
+            elapsed, phases = _less_collectives(executor, began, elapsed, phases)
         if step >= COMPUTE_WARMUP:
             timed += elapsed
             steps.append(elapsed)
-            forward.append(executor.forward_time)  # what real.executor times to size a --slow rank's extra wait
-            backward.append(executor.backward_time)
+            forward.append(phases[0])
+            backward.append(phases[1])
         if not alone and any(isinstance(action, meeting) for action in executor.policy.plan(step, planned)):
             # the workers leave the step's collective together (untimed); they stop together, once every
             # rank has timed enough, or the others would wait at this meeting for a rank that left
@@ -214,6 +234,33 @@ def _time_back_to_back(executor, planned: int, pushes: bool) -> tuple[dict, int]
             if every_rank_done.item():
                 break
     return {"steps": steps, "forward": forward, "backward": backward, "meetings": meetings}, step
+
+
+def probed_together(spec, processes: int) -> bool:
+    """Whether the compute probe of ``spec`` (a parsed scheme) on ``processes`` ranks runs them on one
+    group, timing each step less its collectives: a scheme that shards its gradients (FSDP2's), on more
+    than one rank."""
+    from syncsim.schemes import SHARDED_ACTIONS
+    from syncsim.schemes.policy import REPLICATED
+
+    policy = spec.policy(1.0)
+    sharded = any(issubclass(kind, SHARDED_ACTIONS) for kind in policy.action_types(2))
+    return processes > 1 and sharded and policy.layout.gradients != REPLICATED
+
+
+def within(spans, start: float, end: float) -> float:
+    """Seconds of the (start, end) ``spans`` that fall between ``start`` and ``end``."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+
+
+def _less_collectives(executor, began: float, elapsed: float, phases: list[float]) -> tuple[float, list[float]]:
+    """The step just run (begun at ``began`` on the executor's recorder clock) less FSDP2's collective calls
+    since then (real.sharded's collective_spans), and its forward and backward each less those within it."""
+    spans = [(a, b) for a, b in executor.collective_spans if a >= began]
+    forward_end = executor.backward_end - executor.backward_time
+    forward = phases[0] - within(spans, forward_end - executor.forward_time, forward_end)
+    backward = phases[1] - within(spans, forward_end, executor.backward_end)
+    return elapsed - within(spans, began, math.inf), [forward, backward]
 
 
 def _time_after_idle(executor, step: int) -> list[list[float]]:

@@ -107,3 +107,27 @@ def test_the_pure_fits_import_neither_torch_nor_the_testbed():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("scheme, processes, together", [
+    ("fsdp", 2, True), ("zero:stage=3", 4, True), ("zero:stage=2", 2, True), ("fsdp:reshard=false", 2, True),
+    ("fsdp", 1, False), ("zero:stage=1", 2, False), ("allreduce", 2, False), ("ps", 2, False),
+    ("localsgd:period=4", 2, False)])
+def test_only_schemes_that_shard_their_gradients_are_probed_on_one_group(scheme, processes, together):
+    # FSDP2 (gradients sharded) skips its collectives and the work around them on a one-rank group, so its
+    # probe runs the ranks together; ZeRO-1's ZeroRedundancyOptimizer and every other scheme keep a group each
+    from real.calibration.compute_probe import probed_together
+    from syncsim.schemes import parse
+
+    assert probed_together(parse(scheme), processes) is together
+
+
+def test_a_step_is_timed_less_the_collective_calls_within_it():
+    # each span counts for the part of it inside the window: a collective begun before the window, or one
+    # running past its end, only for its overlap
+    from real.calibration.compute_probe import within
+
+    spans = [(1.0, 1.25), (2.0, 2.5), (3.0, 4.0)]
+    assert within(spans, 0.0, 10.0) == pytest.approx(1.75)
+    assert within(spans, 1.1, 2.25) == pytest.approx(0.15 + 0.25)
+    assert within(spans, 2.5, 3.0) == 0.0 and within([], 0.0, 1.0) == 0.0

@@ -149,7 +149,6 @@ def _number(text: str) -> int:
 STATED = [
     ("README.md", r"with and without a straggler — (\d[\d,]*) configurations", "validation"),
     ("docs/studies.md", r"emulated network \(root\), (\d[\d,]*) configurations", "validation"),
-    ("docs/studies.md", r"for the (\d[\d,]*) before the compressed schemes joined", "validation_without_extra"),
     ("docs/real.md", r"the default grid \((\d[\d,]*) configurations\)", "validation"),
     ("docs/real.md", r"--quick +# (\d+) configurations at batch", "quick"),
     ("docs/real.md", r"The default grid has (\w+) such rows", "extra"),

@@ -86,3 +86,40 @@ def test_the_executor_modules_import_nothing_of_the_tools_around_them():
     allowed = {"real/calibrate.py"}  # the user calibration's command line, kept where users run it from
     assert {k: v for k, v in found.items() if v and k not in allowed} == {}
 
+
+# Small modules of one noun, functions that fit on a screen (docs/development.md): the project's own bounds.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 50
+
+
+def source_modules(root: Path = ROOT) -> list[Path]:
+    return sorted(p for layer in (*ABOVE, "paper") for p in (root / layer).rglob("*.py"))
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """The functions of ``path`` longer than ``limit`` lines, their docstrings not counted."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if ast.get_docstring(node, clean=False) is not None:
+                lines -= node.body[0].end_lineno - node.body[0].lineno + 1
+            if lines > limit:
+                found.append(f"{node.name} ({lines} lines)")
+    return found
+
+
+def test_no_module_is_longer_than_the_bound():
+    modules = source_modules()
+    assert len(modules) > 50
+    long = {str(p.relative_to(ROOT)): n for p in modules if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_function_is_longer_than_the_bound(tmp_path):
+    found = {str(p.relative_to(ROOT)): f for p in source_modules() if (f := long_functions(p))}
+    assert found == {}
+    # the count leaves the docstring out and nothing else
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "m.py").write_text(f'def f():\n    """A\n    docstring."""\n{body}\n')
+    assert long_functions(tmp_path / "m.py") == ["f (51 lines)"]
+

@@ -84,15 +84,16 @@ def test_counted_collectives_note_the_gathered_and_the_contributed_bytes(monkeyp
                         lambda out, inp, group=None, async_op=False: calls.append(("ag", out, inp, group)))
     monkeypatch.setattr(sharded_module.dist, "reduce_scatter_single",
                         lambda output, input, group=None, op=None, async_op=False: calls.append(("rs", op)))
-    log, clock = [], iter([1.0, 1.5, 2.0, 2.25])
-    gather = CountedAllGather(log, lambda: next(clock), Quiet())
-    scatter = CountedReduceScatter(log, lambda: next(clock), Quiet())
+    log, spans, clock = [], [], iter([1.0, 1.5, 2.0, 2.25])
+    gather = CountedAllGather(log, lambda: next(clock), Quiet(), spans)
+    scatter = CountedReduceScatter(log, lambda: next(clock), Quiet(), spans)
     out = gather.allocate((6,), dtype=torch.bfloat16, device=torch.device("cpu"))
     assert out.shape == (6,) and out.dtype == torch.bfloat16
     gather(out, torch.zeros(3, dtype=torch.bfloat16), "group")
     scatter(torch.zeros(2), torch.zeros(4), "group", "avg")
     # an all-gather counts what every worker holds afterwards, a reduce-scatter the whole gradient it sends
     assert log == [("allgather", 1.0, 1.5, 12), ("reducescatter", 2.0, 2.25, 16)]
+    assert spans == [(1.0, 1.5), (2.0, 2.25)]  # each call's own span, for the compute probe
     assert calls[0][0] == "ag" and calls[0][3] == "group" and calls[1] == ("rs", "avg")
 
 
