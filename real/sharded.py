@@ -53,6 +53,7 @@ A sharded step makes one new version, at its optimiser step (syncsim.schemes.act
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 
 import torch
@@ -64,7 +65,8 @@ from real.wire import value_bytes
 from syncsim.schemes import SHARDED_ACTIONS, AllGatherParameters, ReduceScatterGradients
 from syncsim.schemes.policy import REPLICATED
 
-__all__ = ["ShardedHandlers", "module_units", "CountedAllGather", "CountedReduceScatter"]
+__all__ = ["ShardedHandlers", "module_units", "CountedAllGather", "CountedReduceScatter", "zero_owners",
+           "reduce_to_owners"]
 
 
 def module_units(model: nn.Module, units: tuple[float, ...] | None, bytes_per_value: int) -> list[list[nn.Module]]:
@@ -111,6 +113,42 @@ def module_units(model: nn.Module, units: tuple[float, ...] | None, bytes_per_va
         top = [o for o in owners if not any(o.startswith(p + ".") for p in owners if p != o)]
         result.append([modules[o] for o in top])
     return result
+
+
+def zero_owners(zero, params: list, group, device) -> list[tuple[int, list]]:
+    """(rank, the parameters it owns) for every rank of ``group``, as ZeroRedundancyOptimizer ``zero`` over
+    ``params`` partitioned them: each rank's local optimiser (the docstring's "local optimizer instance in
+    each rank") holds its own, and the ranks tell each other once, at setup (a collective)."""
+    local = {id(p) for g in zero.optim.param_groups for p in g["params"]}
+    mine = torch.tensor([id(p) in local for p in params], dtype=torch.uint8, device=device)
+    masks = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(masks, mine, group=group)
+    owners = torch.stack(masks).cpu()
+    if not (owners.sum(0) == 1).all():
+        raise RuntimeError("ZeroRedundancyOptimizer's ranks do not each own a parameter once")
+    return [(rank, [p for p, own in zip(params, owners[rank]) if own]) for rank in range(len(masks))]
+
+
+def reduce_to_owners(owned: list[tuple[int, list]], group, waiting=contextlib.nullcontext) -> int:
+    """ZeRO-1's reduce-scatter: each owner's parameters' gradients, flat, reduced (a sum) to that owner,
+    which divides its own by W (the mean, in fp32) and puts it back in their ``.grad``; the bytes this rank
+    sent. ``waiting``: the context each reduce runs in (the executor's wait for peers)."""
+    sent = 0
+    me, world = dist.get_rank(group), dist.get_world_size(group)
+    for owner, params in owned:
+        if not params:
+            continue
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        with waiting():
+            dist.reduce(flat, group_dst=owner, group=group)
+        sent += flat.numel() * flat.element_size()
+        if owner == me:
+            flat.div_(world)
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+    return sent
 
 
 def _own(message: str) -> ValueError:
@@ -190,17 +228,7 @@ class ShardedHandlers:
         self.zero = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, process_group=self.group,
                                             lr=self.cfg.lr)
         self.optimizer = self.zero
-        # Which rank owns which parameter: each rank's local optimiser (the docstring's "local optimizer
-        # instance in each rank") holds its own; the ranks tell each other once, at setup.
-        local = {id(p) for group in self.zero.optim.param_groups for p in group["params"]}
-        mine = torch.tensor([id(p) in local for p in params], dtype=torch.uint8, device=self.device)
-        world = dist.get_world_size(self.group)
-        masks = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(masks, mine, group=self.group)
-        owners = torch.stack(masks).cpu()
-        if not (owners.sum(0) == 1).all():
-            raise RuntimeError("ZeroRedundancyOptimizer's ranks do not each own a parameter once")
-        self.owned = [(rank, [p for p, own in zip(params, owners[rank]) if own]) for rank in range(world)]
+        self.owned = zero_owners(self.zero, params, self.group, self.device)
 
     def _setup_fsdp(self, gathers) -> None:
         from torch.distributed.device_mesh import DeviceMesh
@@ -251,21 +279,8 @@ class ShardedHandlers:
     def reduce_scatter(self, action: ReduceScatterGradients) -> None:
         if self.zero is None:
             return self._claim(action)
-        start, sent = self.recorder.now(), 0
-        me, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        for owner, params in self.owned:
-            if not params:
-                continue
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            with self.heartbeat.waiting_for_peers():
-                dist.reduce(flat, group_dst=owner, group=self.group)
-            sent += flat.numel() * flat.element_size()
-            if owner == me:  # the mean of this rank's shard: the sum over W, divided after, in fp32
-                flat.div_(world)
-                offset = 0
-                for p in params:
-                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-                    offset += p.numel()
+        start = self.recorder.now()
+        sent = reduce_to_owners(self.owned, self.group, self.heartbeat.waiting_for_peers)
         self._row("reducescatter", [("reducescatter", start, self.recorder.now(), sent)])
 
     def sharded_step(self, action) -> None:

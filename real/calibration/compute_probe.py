@@ -165,8 +165,8 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
 def _probe_executor(model_name: str, batch_size: int, scheme: str, folder: str, slow: float):
     """(the executor of one worker of ``scheme`` on a process group of this rank alone, its FreeNetwork
     client or None when the scheme has no servers, its model, the steps its plan spans, False), built as
-    real.worker builds them; for a sharded scheme on more than one rank, the executor of worker ``rank`` on
-    the whole group, and True."""
+    real.worker builds them; when the ranks are probed together (probed_together), the executor of worker
+    ``rank`` on the whole group, and True."""
     import torch
     import torch.distributed as dist
 
@@ -238,14 +238,11 @@ def _time_back_to_back(executor, planned: int, pushes: bool, less_collectives: b
 
 def probed_together(spec, processes: int) -> bool:
     """Whether the compute probe of ``spec`` (a parsed scheme) on ``processes`` ranks runs them on one
-    group, timing each step less its collectives: a scheme that shards its gradients (FSDP2's), on more
-    than one rank."""
-    from syncsim.schemes import SHARDED_ACTIONS
-    from syncsim.schemes.policy import REPLICATED
+    group, timing each step less its collectives: a scheme whose plan shards the gradients (its StateLayout;
+    the executor runs those on FSDP2, real.sharded), on more than one rank."""
+    from syncsim.schemes.policy import SHARDED
 
-    policy = spec.policy(1.0)
-    sharded = any(issubclass(kind, SHARDED_ACTIONS) for kind in policy.action_types(2))
-    return processes > 1 and sharded and policy.layout.gradients != REPLICATED
+    return processes > 1 and spec.policy(1.0).layout.gradients == SHARDED
 
 
 def within(spans, start: float, end: float) -> float:

@@ -96,16 +96,13 @@ def _fsdp_step(plan, units, group) -> dict[str, float]:
     return spent
 
 
-def _zero_step(model, zero, owned, group) -> dict[str, float]:
-    """One step's ZeRO-1 collectives as real.sharded issues them: a reduce of each owner's flat gradients to
-    it, then ZeroRedundancyOptimizer.step() (its owners' broadcasts). Seconds per kind."""
-    import torch
-    import torch.distributed as dist
+def _zero_step(zero, owned, group) -> dict[str, float]:
+    """One step's ZeRO-1 collectives as the executor issues them (real.sharded.reduce_to_owners, then
+    ZeroRedundancyOptimizer.step(): its owners' broadcasts). Seconds per kind."""
+    from real.sharded import reduce_to_owners
 
     t0 = time.perf_counter()
-    for owner, params in owned:
-        if params:
-            dist.reduce(torch.cat([p.grad.reshape(-1) for p in params]), group_dst=owner, group=group)
+    reduce_to_owners(owned, group)
     t1 = time.perf_counter()
     zero.step()
     return {"reducescatter": t1 - t0, "allgather": time.perf_counter() - t1}
@@ -113,27 +110,22 @@ def _zero_step(model, zero, owned, group) -> dict[str, float]:
 
 def _zero_setup(model, group):
     """ZeroRedundancyOptimizer over ``model`` (SGD, lr 0: the broadcasts, not the values, are timed) and each
-    rank's parameters, as real.sharded's setup finds them."""
+    rank's parameters (real.sharded.zero_owners, as the executor finds them)."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from real.sharded import zero_owners
 
     params = list(model.parameters())
     for p in params:
         p.grad = torch.zeros_like(p)
     zero = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, process_group=group, lr=0.0)
-    local = {id(p) for g in zero.optim.param_groups for p in g["params"]}
-    masks = [None] * dist.get_world_size(group)
-    dist.all_gather_object(masks, [id(p) in local for p in params], group=group)
-    owned = [(rank, [p for p, own in zip(params, mask) if own]) for rank, mask in enumerate(masks)]
-    return zero, owned
+    return zero, zero_owners(zero, params, group, torch.device("cpu"))
 
 
 def sharded_rank(out: str, scheme: str, model_name: str, repeats: int, idle: float) -> None:
     """One rank: the step's collectives of ``scheme`` with ``model_name``'s tensors, ``repeats`` times after a
     warm-up, each after ``idle`` seconds of compute; rank 0 writes {kind: [seconds per step, ...]}."""
-    import statistics
-
     import torch.distributed as dist
 
     from real.calibration.timing import busy
@@ -152,7 +144,7 @@ def sharded_rank(out: str, scheme: str, model_name: str, repeats: int, idle: flo
     plan = policy.plan(1, 3)  # a middle step: what every step but the first and last issues
     if policy.layout.gradients == REPLICATED:
         zero, owned = _zero_setup(model, group)
-        step = lambda: _zero_step(model, zero, owned, group)  # noqa: E731
+        step = lambda: _zero_step(zero, owned, group)  # noqa: E731
     else:
         forward = next((a for a in plan if isinstance(a, AllGatherParameters) and a.phase == "forward"), None)
         sizes = forward.units if forward is not None and forward.units else (sum(layers) * spec.wire_ratio,)
@@ -167,5 +159,5 @@ def sharded_rank(out: str, scheme: str, model_name: str, repeats: int, idle: flo
             for kind in KINDS:
                 timings[kind].append(spent[kind])
     if dist.get_rank() == 0:
-        write_atomic(out, json.dumps(timings | {"medians": {k: statistics.median(v) for k, v in timings.items()}}))
+        write_atomic(out, json.dumps(timings))
     dist.destroy_process_group()
