@@ -143,15 +143,29 @@ def test_every_tree_correction_entry_is_nccl_s(index):
 # Basis: the message is cut into ceil(n/chunk) equal chunks, a partial last one counting as one (NCCL
 # and Horovod cut by size); with c chunks the pipeline is one chunk through the three phases, then one
 # chunk per period max(scatter + gather, across) — the GPU link carries phases 1 and 3 together.
-@given(shapes, st.floats(1e6, 1e9), bandwidths, bandwidths, st.floats(1.01, 40.0))
-def test_hierarchical_counts_a_partial_chunk(shape, chunk, b_i, b_n, chunks_wanted):
+# The partial part is kept away from 0 and 1 so that float rounding of chunk·count cannot move the
+# count across an integer; exact multiples are checked with a power-of-two chunk, where it is exact.
+def _hierarchical_expected(shape, n, c, b_i, b_n):
     m, g, r = shape
-    n = chunk * chunks_wanted
-    cluster = _cluster(shape, 0.0, b_i, 0.0, b_n).replace(chunk_bytes=chunk)
-    c = math.ceil(chunks_wanted)
     scatter = (g - 1) / g * (n / c) / b_i
     across = 2 * (m - 1) / m * (n / c) / (r * b_n)
-    expected = 2 * scatter + across + (c - 1) * max(2 * scatter, across)
+    return 2 * scatter + across + (c - 1) * max(2 * scatter, across)
+
+
+@given(shapes, st.floats(1e6, 1e9), bandwidths, bandwidths, st.integers(1, 39), st.floats(0.01, 0.99))
+def test_hierarchical_counts_a_partial_chunk(shape, chunk, b_i, b_n, whole, partial):
+    n = chunk * (whole + partial)
+    cluster = _cluster(shape, 0.0, b_i, 0.0, b_n).replace(chunk_bytes=chunk)
+    expected = _hierarchical_expected(shape, n, whole + 1, b_i, b_n)
+    assert hierarchical_time(cluster, n) == pytest.approx(expected, rel=1e-9)
+
+
+@given(shapes, st.integers(20, 30), bandwidths, bandwidths, st.integers(1, 40))
+def test_hierarchical_counts_exact_multiples_of_the_chunk(shape, chunk_log2, b_i, b_n, count):
+    chunk = float(2**chunk_log2)
+    n = chunk * count
+    cluster = _cluster(shape, 0.0, b_i, 0.0, b_n).replace(chunk_bytes=chunk)
+    expected = _hierarchical_expected(shape, n, count, b_i, b_n)
     assert hierarchical_time(cluster, n) == pytest.approx(expected, rel=1e-9)
 
 
