@@ -75,13 +75,12 @@ def timed_size(config: Config) -> tuple[AllReduceSize, ...]:
     PowerSGD's two rounds (P with the uncompressed values, then Q); () for a run that all-reduces nothing
     over the links (a parameter server's, one worker's, top-k's: timed_gather).
 
-    A sharded run (ZeRO, FSDP) sends no all-reduce: the all-reduce of its gradient stands for its
-    collectives, as a ring all-reduce is a reduce-scatter and an all-gather of the same size (each (p-1)
-    hops of n/p), and the simulator prices its reduce-scatters and all-gathers on that fit, each with the
-    fit's launch. A proxy: gloo does not run its reduce-scatter as half an all-reduce (on loopback here, two
-    ranks, 4 MiB: reduce_scatter_single 7.3 ms, all_reduce 3.6 ms, all_gather_single 3.0 ms, medians of 15),
-    so these rows' predictions read low until the link probe times a run's own reduce-scatter and
-    all-gather (docs/memory.md, "Running sharded schemes for real")."""
+    A sharded run (ZeRO, FSDP) sends no all-reduce: the all-reduce of its gradient sets the link's rate and
+    launch, on which the simulator prices its reduce-scatters and all-gathers, each as NCCL's ring moves
+    them ((p-1) hops of n/p). gloo does not run them so (on loopback here, two ranks, 4 MiB:
+    reduce_scatter_single 7.3 ms, all_reduce 3.6 ms, all_gather_single 3.0 ms, medians of 15): how much
+    longer its collectives keep the link busy is fitted from the run's own collectives
+    (real.validation.calibration.sharded_traffic; docs/memory.md, "In the validation study")."""
     from real.calibration.messages import wire_bytes
     from syncsim.schemes import parse
     from syncsim.schemes.actions import LowRankAllReduce, SparseAllGather
