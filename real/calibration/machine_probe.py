@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from real.calibration.compression import measure_compression
+from real.calibration.timing import timed_once
 from real.lifeline import die_with_parent
 
 __all__ = ["MAX_REPEATS", "SIZES", "measure_forward_backward", "machine_rank"]
@@ -116,12 +117,7 @@ def _time_size(size: int, reps: int) -> tuple[list[float], list[float]]:
                 dist.send(buf, 0)
             if i:
                 one_way.append((time.perf_counter() - t0) / 2)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(buf)
-        elapsed = torch.tensor([time.perf_counter() - t0])
-        # the collective is as slow as its slowest rank
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        elapsed = timed_once(lambda: dist.all_reduce(buf), idle=0.0)  # as slow as its slowest rank
         if i:
-            reduce.append(float(elapsed))
+            reduce.append(elapsed)
     return one_way, reduce

@@ -23,10 +23,17 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "error")
 
 
+# what derive reads of every row; a row that failed before its prediction or its run has none of them
+_MEASURED = ("predicted_step_time", "measured_step_time", "predicted_throughput", "measured_throughput",
+             "predicted_staleness_mean", "measured_staleness_mean")
+
+
 def derive(frame: pd.DataFrame) -> pd.DataFrame:
     """Relative errors, and speedups over each model's one-worker all-reduce (measured and predicted alike):
-    over the median of its repeats' throughputs (studies.validation.grid), each side's own."""
-    frame = frame.copy()
+    over the median of its repeats' throughputs (studies.validation.grid), each side's own. A table whose
+    rows all failed before they were predicted or measured (each has an ``error`` and nothing else) gets
+    the figures' columns empty."""
+    frame = frame.reindex(columns=list(dict.fromkeys([*frame.columns, *_MEASURED])))
     frame["rel_error"] = frame["predicted_step_time"] / frame["measured_step_time"] - 1
     baseline = is_baseline(frame["scheme"], frame["world"], frame["slow"])
     base = frame[baseline & ~failed(frame)].groupby("model")[["predicted_throughput", "measured_throughput"]].median()

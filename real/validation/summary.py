@@ -43,17 +43,19 @@ def _error_lines(ok: pd.DataFrame) -> list[str]:
 
     lines = []
     med, top, n = abs_stats(ok["rel_error"])
+    if not n:  # every row failed before it was measured: no figure to give, and none printed as "nan%"
+        return ["step time: no configuration was both predicted and measured"]
     lines.append(f"step time: median |error| {med:.1%}, max {top:.1%} over {n} configurations")
-    if n:  # how many meet the targets' bounds, and where the misses are: by link rate, slowest first
-        errors = ok["rel_error"].abs()
-        by_link = sorted((parse_bandwidth(rate), rate, float(e.median()))
-                         for rate, e in errors.groupby(ok["bandwidth"]))
-        lines.append(f"step time: {int((errors <= 0.10).sum())} configurations within 10%, "
-                     f"{int((errors <= 0.15).sum())} within 15%; median |error| by link "
-                     + ", ".join(f"{rate} {median:.1%}" for _, rate, median in by_link))
+    # how many meet the targets' bounds, and where the misses are: by link rate, slowest first
+    errors = ok["rel_error"].abs()
+    by_link = sorted((parse_bandwidth(rate), rate, float(e.median())) for rate, e in errors.groupby(ok["bandwidth"]))
+    lines.append(f"step time: {int((errors <= 0.10).sum())} configurations within 10%, "
+                 f"{int((errors <= 0.15).sum())} within 15%; median |error| by link "
+                 + ", ".join(f"{rate} {median:.1%}" for _, rate, median in by_link))
     med, top, n = abs_stats(ok["speedup_error"])
-    lines.append(f"speedup: median |error| {med:.1%}, max {top:.1%} over {n} configurations "
-                 "(the one-worker baselines, the denominator, left out)")
+    if n:
+        lines.append(f"speedup: median |error| {med:.1%}, max {top:.1%} over {n} configurations "
+                     "(the one-worker baselines, the denominator, left out)")
     med, top, n = abs_stats(ok["staleness_mean_error"])
     if n:
         distance = ok.loc[ok["staleness_mean_error"].notna(), "staleness_distance"].median()

@@ -433,6 +433,19 @@ def test_derive_takes_speedups_over_each_models_one_worker_run():
     assert np.isnan(out["staleness_mean_error"].iloc[0]) and out["staleness_mean_error"].iloc[1] == 0.5
 
 
+def test_derive_leaves_the_figures_empty_when_every_row_failed_before_measuring():
+    # a study whose first rows all failed in calibration: its rows hold the key and the error only
+    rows = pd.DataFrame([{"scheme": "ps", "world": 2, "slow": 1.0, "model": "mlp", "error": "probe failed"},
+                         {"scheme": "allreduce", "world": 1, "slow": 1.0, "model": "mlp", "error": "probe failed"}])
+    out = derive(rows)
+    for column in ("rel_error", "predicted_speedup", "measured_speedup", "speedup_error", "staleness_mean_error"):
+        assert out[column].isna().all(), column
+    assert out["error"].tolist() == ["probe failed"] * 2
+    lines = summary_lines(out)  # and the summary says so in words, never as "nan%"
+    assert lines[0] == "step time: no configuration was both predicted and measured"
+    assert not any("nan" in line for line in lines), lines
+
+
 def _fake_links(monkeypatch) -> None:
     """measure_link faked: every link 5 MB/s with 0.1 ms latency, each run's own size timed at 5 ms."""
     fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
