@@ -14,7 +14,7 @@ from syncsim.files import write_atomic
 
 __all__ = ["SCHEMA_VERSION", "cached", "store", "slug"]
 
-SCHEMA_VERSION = 2  # raise it when a probe records something new or measures differently
+SCHEMA_VERSION = 3  # raise it when a probe records something new or measures differently
 
 
 def slug(text: str) -> str:

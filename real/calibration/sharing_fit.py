@@ -1,11 +1,12 @@
 """How two colliding transfers split a link, in syncsim.network's terms (Link.newcomer_weight and
-Link.sharing_spread), fitted to the sharing probe's trials (no torch, no I/O)."""
+Link.sharing_spread), fitted to the sharing probe's trials; and how much longer a transfer into a host
+takes while the host sends (fit_duplex) (no torch, no I/O)."""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["simulate_collision", "fit_sharing", "WEIGHT_RANGE"]
+__all__ = ["simulate_collision", "fit_sharing", "fit_duplex", "WEIGHT_RANGE"]
 
 WEIGHT_RANGE = 64.0  # newcomer weights are fitted within [1/64, 64]
 
@@ -74,3 +75,24 @@ def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float
                         for p in sorted(set(patterns))},
             "trial_weights": [float(w) for w in np.exp(logs)],
             "residual": rms(np.exp(logs)), "residual_fair": rms([1.0] * len(trials))}
+
+
+def fit_duplex(trials: list[dict], bandwidth: float, alpha: float, burst: float, size: float) -> dict:
+    """How much longer each of two transfers of ``size`` bytes crossing one host's link in opposite
+    directions took than a lone one (syncsim's price: ``alpha`` + (size - ``burst``)/``bandwidth``).
+
+    Each of the sharing probe's "across" trials started flow 0 (a peer's transfer into the host: a push)
+    and flow 1 (the host's transfer out to another peer: a pull's reply) together. syncsim's links carry
+    each direction on its own, so a stretch of 1 is what it assumes. ``duplex_stretch`` is the mean of
+    flow 0's measured duration over that price, ``duplex_stretch_reply`` flow 1's, ``duplex_stretches``
+    flow 0's per trial; a mean, not a median, because the stretch comes in rare long stalls (the
+    sharing probe's DUPLEX_REPEATS). NaN (and no per-trial values) without trials: a probe cached before
+    it timed them. A diagnostic: recorded beside each validation row, not yet part of the model."""
+    import numpy as np
+
+    if not trials:
+        return {"duplex_stretch": math.nan, "duplex_stretch_reply": math.nan, "duplex_stretches": []}
+    lone = simulate_collision([0.0], size, bandwidth, alpha, burst, 1.0)[0]
+    stretch = np.array([[(e - s) / lone for s, e in zip(t["starts"], t["ends"])] for t in trials])
+    return {"duplex_stretch": float(stretch[:, 0].mean()), "duplex_stretch_reply": float(stretch[:, 1].mean()),
+            "duplex_stretches": [float(x) for x in stretch[:, 0]]}

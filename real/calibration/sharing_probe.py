@@ -1,5 +1,7 @@
 """The sharing probe: two transfers colliding in one host's shaper on a 3-host testbed, timed, and the
-newcomer weight that reproduces them on syncsim's link (real.calibration.sharing_fit)."""
+newcomer weight that reproduces them on syncsim's link (real.calibration.sharing_fit); and two crossing
+the host's link in opposite directions (a push arriving while the host sends a pull's reply), timed
+against a lone transfer (real.calibration.sharing_fit.fit_duplex)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,20 @@ import time
 from pathlib import Path
 
 from real.calibration.cache import cached, slug
-from real.calibration.sharing_fit import fit_sharing
+from real.calibration.sharing_fit import fit_duplex, fit_sharing
 from real.calibration.timing import refill_idle
 from syncsim.files import write_atomic
 
-__all__ = ["SHARING_OFFSETS", "measure_sharing", "sharing_rank"]
+__all__ = ["SHARING_OFFSETS", "DUPLEX_REPEATS", "measure_sharing", "sharing_rank"]
 
 # The sharing probe's second transfer starts these fractions of a lone transfer after the first: at once (a
 # synchronous round's pulls) and part-way through (a push arriving while another is on the link).
 SHARING_OFFSETS = (0.0, 0.25, 0.5)
+# Pushes and replies crossing the host's link ("across") are timed this many times as often as each
+# collision: on the testbed at 50 Mbit/s a crossing push ended within about 2 ms of a lone one or, in
+# one crossing of eight to one of three, 15-35 ms later (docs/log.md, "A push while the server
+# replies"), so their mean needs more trials than a collision's weight.
+DUPLEX_REPEATS = 4
 
 
 def measure_sharing(bandwidth: str, folder: Path, link: dict, burst: float, message_bytes: float,
@@ -44,7 +51,11 @@ def measure_sharing(bandwidth: str, folder: Path, link: dict, burst: float, mess
         return {"bandwidth": bandwidth, "size": size, "trials": json.loads(probe_file.read_text())}
 
     measured = cached(folder / f"sharing-{slug(bandwidth)}-{size}.json", measure)
-    return measured | fit_sharing(measured["trials"], link["bandwidth"], link["alpha"], burst, size)
+    trials = measured["trials"]
+    colliding = [t for t in trials if t["pattern"] != "across"]
+    crossing = [t for t in trials if t["pattern"] == "across"]
+    return (measured | fit_sharing(colliding, link["bandwidth"], link["alpha"], burst, size)
+            | fit_duplex(crossing, link["bandwidth"], link["alpha"], burst, size))
 
 
 # -- what the ranks run -------------------------------------------------------------
@@ -71,28 +82,34 @@ def _wait_timed(works: list, ends: list[float]) -> None:
 def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) -> None:
     """Rank 0 is the shared host; ranks 1 and 2 its peers. "into": both peers send to rank 0 (pushes meeting
     in the shaper in front of a server); "out": rank 0 sends to both (pulls leaving through the server's
-    own shaper). The second transfer starts SHARING_OFFSETS of a lone transfer after the first. Every
-    namespace of the testbed reads one CLOCK_MONOTONIC (time.perf_counter), so the instants compare."""
+    own shaper). The second transfer starts SHARING_OFFSETS of a lone transfer after the first. "across":
+    peer 1 sends to rank 0 while rank 0 sends to peer 2, both at once (a push arriving while the server
+    answers another worker's pull, as two asynchronous workers taking turns do), DUPLEX_REPEATS times as
+    often. Every namespace of the testbed reads one CLOCK_MONOTONIC (time.perf_counter), so the instants
+    compare."""
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     buffers = [torch.zeros(size // 4) for _ in range(2)]
     trials = []
-    for pattern in ("into", "out"):
-        for fraction in SHARING_OFFSETS:
-            for repeat in range(repeats + 1):  # the first is a warm-up (connections, buffers)
-                dist.barrier()
-                start = torch.tensor([time.perf_counter() + idle + 0.02], dtype=torch.float64)
-                dist.broadcast(start, 0)  # one instant for all; the links then rest ``idle`` (refilling buckets)
-                at = (float(start), float(start) + fraction * lone)  # when flow 0 (peer 1) and flow 1 (peer 2) start
-                starts, ends = _collide(pattern, at, buffers)
-                gathered = [None] * dist.get_world_size()
-                dist.all_gather_object(gathered, (starts, ends))
-                if repeat:  # each instant was taken by one rank: the one that is not NaN
-                    known = [[next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)]
-                             for values in zip(*gathered)]
-                    trials.append({"pattern": pattern, "fraction": fraction, "starts": known[0], "ends": known[1]})
+    plan = [(pattern, fraction, repeats) for pattern in ("into", "out") for fraction in SHARING_OFFSETS]
+    plan.append(("across", 0.0, repeats * DUPLEX_REPEATS))
+    for pattern, fraction, times in plan:
+        # a crossing push follows a rest as long as a lone transfer, as a worker's push follows its pull
+        rest = max(idle, lone) if pattern == "across" else idle
+        for repeat in range(times + 1):  # the first is a warm-up (connections, buffers)
+            dist.barrier()
+            start = torch.tensor([time.perf_counter() + rest + 0.02], dtype=torch.float64)
+            dist.broadcast(start, 0)  # one instant for all; the links then rest ``idle`` (refilling buckets)
+            at = (float(start), float(start) + fraction * lone)  # when flow 0 (peer 1) and flow 1 (peer 2) start
+            starts, ends = _collide(pattern, at, buffers)
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, (starts, ends))
+            if repeat:  # each instant was taken by one rank: the one that is not NaN
+                known = [[next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)]
+                         for values in zip(*gathered)]
+                trials.append({"pattern": pattern, "fraction": fraction, "starts": known[0], "ends": known[1]})
     if dist.get_rank() == 0:
         write_atomic(out, json.dumps(trials))
     dist.destroy_process_group()
@@ -105,7 +122,9 @@ def _collide(pattern: str, at: tuple[float, float], buffers: list) -> tuple[list
 
     rank = dist.get_rank()
     starts, ends = [math.nan, math.nan], [math.nan, math.nan]
-    if pattern == "into" and rank == 0:
+    if pattern == "across":
+        _cross(at, buffers, starts, ends)
+    elif pattern == "into" and rank == 0:
         _wait_timed([dist.irecv(buffers[i], i + 1) for i in range(2)], ends)
     elif pattern == "into":
         _sleep_until(at[rank - 1])
@@ -123,3 +142,24 @@ def _collide(pattern: str, at: tuple[float, float], buffers: list) -> tuple[list
         dist.recv(buffers[0], 0)
         ends[rank - 1] = time.perf_counter()
     return starts, ends
+
+
+def _cross(at: tuple[float, float], buffers: list, starts: list[float], ends: list[float]) -> None:
+    """This rank's part of an "across" trial: flow 0 peer 1's transfer into rank 0, flow 1 rank 0's to peer 2."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == 0:
+        arriving = dist.irecv(buffers[0], 1)  # posted before either starts, as the server's receives are
+        _sleep_until(at[1])
+        starts[1] = time.perf_counter()
+        leaving = dist.isend(buffers[1], 2)
+        _wait_timed([arriving], ends)  # ends[0]
+        leaving.wait()
+    elif rank == 1:
+        _sleep_until(at[0])
+        starts[0] = time.perf_counter()
+        dist.send(buffers[0], 0)
+    else:
+        dist.recv(buffers[1], 0)
+        ends[1] = time.perf_counter()

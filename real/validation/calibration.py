@@ -22,13 +22,16 @@ class Links(NamedTuple):
     """The links a configuration's traffic crosses, as fitted at its sizes: the workers' (``worker``, with
     ``launch``, a collective's own cost), the parameter server's NIC (``server``) and the server's time per
     push or pull beyond it (``service``); ``at_size``, the run's own collectives of a step timed just
-    before it (NaN when it sends none over the links)."""
+    before it (NaN when it sends none over the links); ``duplex``, how much longer a push into the server
+    took while the server sent a reply (the sharing probe's duplex_stretch; a diagnostic the model does
+    not use; NaN without a server's sharing probe)."""
 
     worker: Link
     launch: float
     server: Link
     service: float
     at_size: float
+    duplex: float
 
 
 class Calibration(NamedTuple):
@@ -58,6 +61,7 @@ def calibrate(config: Config, settings: Settings) -> Calibration:
               "server_bandwidth": links.server.bandwidth,
               "server_alpha": links.server.latency, "server_newcomer_weight": links.server.newcomer_weight,
               "server_sharing_spread": links.server.sharing_spread, "server_service": links.service,
+              "server_duplex_stretch": links.duplex,
               "reducescatter_traffic": cluster.reducescatter_traffic, "allgather_traffic": cluster.allgather_traffic,
               # the forward the probe's slowed rank sized its sleep from, which the run is given (measure)
               "slow_forward": compute["slow_forward"] if config.slow > 1 else math.nan,
@@ -95,28 +99,30 @@ def calibrate_links(config: Config, settings: Settings, folder: Path) -> Links:
     # hosts' rings overlap their hops) leaves it at that rate.
     refill = max(fits["pingpong"]["bandwidth"], sent["bandwidth"])
     link = Link(bandwidth=sent["bandwidth"], latency=sent["alpha"], burst=burst, refill=refill)
-    server = _server_link(config, settings, folder, fits["pingpong"], burst, message)
+    server, duplex = _server_link(config, settings, folder, fits["pingpong"], burst, message)
     service = _server_service(config, settings, folder, fits["pingpong"], burst, message)
     # the run's collectives of a step as timed just before it (the trimmed means their forms pass through,
     # summed: PowerSGD's two rounds, top-k's exchange)
     at_size = (sum(at_size_time(t) for _, _, t in measured["now"] + measured.get("gather_now", []))
                if own or gathers else math.nan)
-    return Links(link, sent["launch"], server, service, at_size)
+    return Links(link, sent["launch"], server, service, at_size, duplex)
 
 
 def _server_link(config: Config, settings: Settings, folder: Path, pingpong: dict, burst: float,
-                 message: float) -> Link:
+                 message: float) -> tuple[Link, float]:
     """A server's NIC carries concurrent pushes (and pulls) of the whole gradient: how two of them split
-    the shaper, measured at that size (real.calibration.sharing_probe.measure_sharing), sets its weights."""
+    the shaper, measured at that size (real.calibration.sharing_probe.measure_sharing), sets its weights;
+    and the probe's duplex stretch beside it (NaN where it did not run)."""
     from real.calibration.sharing_probe import measure_sharing
     from syncsim import Link
 
-    sharing = {"weight": 1.0, "spread": 0.0}
+    sharing = {"weight": 1.0, "spread": 0.0, "duplex_stretch": math.nan}
     if config.servers and config.world > 1:
         sharing = measure_sharing(config.bandwidth, folder, pingpong, burst, message, settings.prefix,
                                   settings.repeats)
-    return Link(bandwidth=pingpong["bandwidth"], latency=pingpong["alpha"], burst=burst,
+    link = Link(bandwidth=pingpong["bandwidth"], latency=pingpong["alpha"], burst=burst,
                 newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"])
+    return link, sharing.get("duplex_stretch", math.nan)
 
 
 def _server_service(config: Config, settings: Settings, folder: Path, pingpong: dict, burst: float,

@@ -18,7 +18,8 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "predicted_staleness_mean", "measured_staleness_mean", "staleness_mean_error", "predicted_staleness_max",
            "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
            "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
-           "server_service", "reducescatter_traffic", "allgather_traffic", "slow_forward", "link_at_size",
+           "server_duplex_stretch", "server_service", "reducescatter_traffic", "allgather_traffic", "slow_forward",
+           "link_at_size",
            "replayed_step_time", "replayed_error", "loss_steps", "loss_rel_median", "loss_rel_max", "wall_time",
            "error")
 

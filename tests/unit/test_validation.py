@@ -15,7 +15,7 @@ import pytest
 from real.calibration.link_fit import AT_TRIM, RATE_WINDOW, at_size_time, fit_links
 from real.calibration.link_probe import measure_link
 from real.calibration.messages import wire_bytes
-from real.calibration.sharing_fit import fit_sharing, simulate_collision
+from real.calibration.sharing_fit import fit_duplex, fit_sharing, simulate_collision
 from real.calibration.sharing_probe import SHARING_OFFSETS
 from real.calibration.timing import AT_MAX_REPEATS, AT_REPEATS, AT_SECONDS, at_repeats, interleaved
 from real.models import build, param_layers
@@ -362,6 +362,24 @@ def test_sharing_fit_recovers_each_collisions_weight_their_mean_and_spread():
     assert alike["weight"] == pytest.approx(3.0, rel=0.01) and alike["spread"] < 0.01
     with pytest.raises(ValueError, match="at least 2 trials"):
         fit_sharing(trials[:1], rate, alpha, burst, size)
+
+
+def test_the_duplex_stretch_is_each_crossings_duration_over_a_lone_transfers_price():
+    # Basis: syncsim prices a lone transfer of n bytes on a link with bucket b at alpha + (n - b)/B; a
+    # crossing whose push took exactly that has stretch 1, one that took 1.5x has 1.5, and the mean is
+    # over trials (the stalls are rare and long). No trials (a probe cached before it timed them): NaN.
+    size, rate, alpha, burst = 400_000, 23e6, 300e-6, 25_000
+    lone = alpha + (size - burst) / rate
+    stretches, replies = [1.0, 1.5, 1.1, 1.0], [1.02, 1.0, 1.04, 1.0]
+    trials = [{"pattern": "across", "fraction": 0.0, "starts": [5.0 + i, 5.0 + i],
+               "ends": [5.0 + i + s * lone, 5.0 + i + r * lone]} for i, (s, r) in enumerate(zip(stretches, replies))]
+    fit = fit_duplex(trials, rate, alpha, burst, size)
+    np.testing.assert_allclose(fit["duplex_stretches"], stretches, rtol=1e-9)
+    assert fit["duplex_stretch"] == pytest.approx(np.mean(stretches), rel=1e-9)
+    assert fit["duplex_stretch_reply"] == pytest.approx(np.mean(replies), rel=1e-9)
+    none = fit_duplex([], rate, alpha, burst, size)
+    assert math.isnan(none["duplex_stretch"]) and math.isnan(none["duplex_stretch_reply"])
+    assert none["duplex_stretches"] == []
 
 
 def test_a_collision_conserves_the_links_work_whatever_the_weight():
