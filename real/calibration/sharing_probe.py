@@ -96,11 +96,9 @@ def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) ->
     plan = [(pattern, fraction, repeats) for pattern in ("into", "out") for fraction in SHARING_OFFSETS]
     plan.append(("across", 0.0, repeats * DUPLEX_REPEATS))
     for pattern, fraction, times in plan:
-        # a crossing push follows a rest as long as a lone transfer, as a worker's push follows its pull
-        rest = max(idle, lone) if pattern == "across" else idle
         for repeat in range(times + 1):  # the first is a warm-up (connections, buffers)
             dist.barrier()
-            start = torch.tensor([time.perf_counter() + rest + 0.02], dtype=torch.float64)
+            start = torch.tensor([time.perf_counter() + idle + 0.02], dtype=torch.float64)
             dist.broadcast(start, 0)  # one instant for all; the links then rest ``idle`` (refilling buckets)
             at = (float(start), float(start) + fraction * lone)  # when flow 0 (peer 1) and flow 1 (peer 2) start
             starts, ends = _collide(pattern, at, buffers)
