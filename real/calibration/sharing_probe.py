@@ -23,8 +23,8 @@ __all__ = ["SHARING_OFFSETS", "DUPLEX_REPEATS", "measure_sharing", "sharing_rank
 SHARING_OFFSETS = (0.0, 0.25, 0.5)
 # Pushes and replies crossing the host's link ("across") are timed this many times as often as each
 # collision: on the testbed at 50 Mbit/s a crossing push ended within about 2 ms of a lone one or, in
-# one crossing of eight to one of three, 15-35 ms later (docs/log.md, "A push while the server
-# replies"), so their mean needs more trials than a collision's weight.
+# one crossing of ten to one of two, 15-40 ms later (docs/log.md, "A push while the server replies"),
+# so their mean needs more trials than a collision's weight.
 DUPLEX_REPEATS = 4
 
 
