@@ -47,6 +47,22 @@ measured at 50 and 200 Mbit/s, where the newest-only form matched within
 flow's rate at each arrival and departure, O(n log n) per event; it is
 meant for a calibrated testbed of a few hosts. w0 = 1 and sigma = 0 (the
 defaults) is exact processor sharing, kept as the virtual-time heap above.
+
+Senders' own buckets (``sender_burst`` b_s): where every sender's own link
+is a token-bucket shaper too (the testbed's hosts: a tbf on each host's
+egress in front of the server's), a flow that arrives while the link is busy
+brings b_s bytes that its sender's bucket let through at once; they queue in
+the link's FIFO ahead of the bytes the other flows send after them, so the
+link serves them first, at its full rate, while the others wait (a flow
+arriving at an idle link has them passed by the link's own bucket instead).
+Why: two flows of n bytes paced by their senders' shapers at B into one
+FIFO shaper of rate B and bucket b, started d apart, leave it at
+(2n - Bd - b)/B and (2n - b)/B, exactly d apart; a single shaper whose
+bucket goes to the first flow ends them d + b/B apart, so every collision
+would push two asynchronous workers a bucket's time further apart (on the
+testbed at 50 Mbit/s, 2.4 ms) and settle them into taking turns sooner than
+the real pair does (docs/log.md, "A push while the server replies"). b_s = 0
+(the default, and every link without a bucket) changes nothing.
 """
 
 from __future__ import annotations
@@ -77,12 +93,14 @@ class _Flow:
     weight: float        # its own weight, drawn as it entered (1 without a sharing spread)
     done: simpy.Event
     rate: float = 0.0    # bytes/second it receives now
+    head: float = 0.0    # bytes of its sender's own bucket still ahead of the others' (served first)
 
 
 class SharedLink:
     def __init__(self, env: simpy.Environment, bandwidth: float, cap: float = math.inf, name: str = "link",
                  burst: float = 0.0, refill: float | None = None, newcomer_weight: float = 1.0,
-                 sharing_spread: float = 0.0, rng: np.random.Generator | None = None) -> None:
+                 sharing_spread: float = 0.0, rng: np.random.Generator | None = None,
+                 sender_burst: float = 0.0) -> None:
         if not bandwidth > 0:
             raise ValueError(f"SharedLink {name!r}: bandwidth must be > 0, got {bandwidth!r}")
         if not 0 < newcomer_weight < math.inf:
@@ -91,6 +109,9 @@ class SharedLink:
         if not 0 <= sharing_spread < math.inf:
             raise ValueError(f"SharedLink {name!r}: sharing_spread must be a finite number >= 0, "
                              f"got {sharing_spread!r}")
+        if not 0 <= sender_burst < math.inf:
+            raise ValueError(f"SharedLink {name!r}: sender_burst must be a finite number of bytes >= 0, "
+                             f"got {sender_burst!r}")
         if sharing_spread and rng is None:
             raise ValueError(f"SharedLink {name!r}: a sharing_spread needs an rng (numpy Generator) to draw from")
         self.env = env
@@ -102,7 +123,8 @@ class SharedLink:
         self.newcomer_weight = float(newcomer_weight)
         self.sharing_spread = float(sharing_spread)
         self._rng = rng
-        self._weighted = newcomer_weight != 1.0 or sharing_spread > 0  # else exact equal sharing
+        self.sender_burst = float(sender_burst)
+        self._weighted = newcomer_weight != 1.0 or sharing_spread > 0 or sender_burst > 0  # else exact equal sharing
         self._flow_spread = sharing_spread / math.sqrt(2.0)  # each flow's: a pair's log-ratio then has sigma
         self.tokens = self.burst     # bytes the bucket holds (full at the start)
         self._idle_since = 0.0       # when the link last became idle
@@ -133,6 +155,11 @@ class SharedLink:
         is under it, every lighter one is too)."""
         flows, newest, cap = self._flows, self._newest, self.cap
         weights = [f.weight * (self.newcomer_weight if f is newest else 1.0) for f in flows]
+        if any(f.head > 0 for f in flows):  # senders' buckets queued ahead: served first, at the link's rate
+            total = sum(w for f, w in zip(flows, weights) if f.head > 0)
+            for f, w in zip(flows, weights):
+                f.rate = self.bandwidth * w / total if f.head > 0 else 0.0
+            return
         bandwidth, total, capped = self.bandwidth, sum(weights), set()
         for i in sorted(range(len(flows)), key=weights.__getitem__, reverse=True):
             if bandwidth * weights[i] / total < cap:
@@ -174,7 +201,8 @@ class SharedLink:
         else:  # the newest flow takes w0 on top of its own weight; the one it replaces keeps its own
             self._serve(now)
             weight = math.exp(self._flow_spread * self._rng.standard_normal()) if self._flow_spread else 1.0
-            self._newest = flow = _Flow(left=nbytes, size=nbytes, weight=weight, done=done)
+            head = min(self.sender_burst, nbytes) if flows else 0.0  # an idle link's own bucket passed it
+            self._newest = flow = _Flow(left=nbytes, size=nbytes, weight=weight, done=done, head=head)
             flows.append(flow)
             self._share()
             n = len(flows)
@@ -192,11 +220,17 @@ class SharedLink:
         elapsed = now - self._updated
         for flow in self._flows:
             flow.left -= elapsed * flow.rate
+            if flow.head > 0:
+                flow.head -= elapsed * flow.rate
+                if flow.head <= _TAG_RTOL * (1 + flow.size) or now + flow.head / flow.rate <= now:
+                    flow.head = 0.0
         self._updated = now
 
     def _arm(self, now: float) -> None:
         if self._flows:
-            delay = min(flow.left / flow.rate for flow in self._flows)
+            # a flow waiting behind senders' buckets (rate 0) moves at no instant of its own
+            delay = min((flow.head if flow.head > 0 else flow.left) / flow.rate
+                        for flow in self._flows if flow.rate > 0)
         else:
             delay = (self._heap[0][0] - self._virtual) / self._rate
         self._wake_gen += 1
@@ -216,7 +250,8 @@ class SharedLink:
             # A finished newest flow is in no list any more, so no flow inherits its w0.
             active, finished = [], []
             for flow in self._flows:
-                ended = flow.left <= _TAG_RTOL * (1 + flow.size) or now + flow.left / flow.rate <= now
+                ended = (flow.left <= _TAG_RTOL * (1 + flow.size)
+                         or (flow.rate > 0 and now + flow.left / flow.rate <= now))
                 (finished if ended else active).append(flow)
             self._flows = active
             if active:

@@ -8,7 +8,9 @@ symmetry). A worker's own share of its node's NICs (``Cluster.
 worker_bandwidth``: its rail, divided by the fabric's oversubscription) splits
 between its k concurrent shards, which caps each flow at B_worker/k; a server
 NIC is shared equally by the flows it receives (or, with a ``newcomer_weight`` or
-``sharing_spread``, unequally: see syncsim.network). For p simultaneous pushes one push therefore takes
+``sharing_spread``, unequally: see syncsim.network; where the workers' own links
+have a bucket, a push arriving at a busy server NIC has its first bucketful
+served first: SharedLink's ``sender_burst``). For p simultaneous pushes one push therefore takes
 alpha + max(n/B_worker, p·n/(k·B_server)): the parameter server's bottleneck.
 
 Servers only react to arrivals, so they are modelled as these shared
@@ -46,8 +48,12 @@ class ServerGroup:
         # draws its flows' weights from its own stream of the run's seed (apart from syncsim.compute's).
         shaping = {"cap": cap, "burst": net.burst, "refill": net.refill_rate, "newcomer_weight": net.newcomer_weight,
                    "sharing_spread": net.sharing_spread}
+        # a worker's own link (a shaper with a bucket on the testbed) lets its bucketful of a push through at
+        # once, ahead of what the other pushes send after it (syncsim.network, sender_burst)
+        own = cluster.inter or cluster.intra
+        sender_burst = float(own.burst) / self.k if own is not None else 0.0  # split between its k shards
         self.down = SharedLink(env, net.bandwidth, name="server-in", rng=np.random.default_rng([seed, _IN]),
-                               **shaping)  # type: ignore[arg-type]
+                               sender_burst=sender_burst, **shaping)  # type: ignore[arg-type]
         self.up = SharedLink(env, net.bandwidth, name="server-out", rng=np.random.default_rng([seed, _OUT]),
                              **shaping)  # type: ignore[arg-type]
         self.latency = float(net.latency)  # type: ignore[arg-type]

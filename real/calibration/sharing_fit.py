@@ -12,14 +12,15 @@ WEIGHT_RANGE = 64.0  # newcomer weights are fitted within [1/64, 64]
 
 
 def simulate_collision(starts: list[float], size: float, bandwidth: float, alpha: float, burst: float,
-                       weight: float) -> list[float]:
-    """When each of the transfers of ``size`` bytes started at ``starts`` ends on one syncsim link."""
+                       weight: float, sender_burst: float = 0.0) -> list[float]:
+    """When each of the transfers of ``size`` bytes started at ``starts`` ends on one syncsim link; with
+    ``sender_burst``, each sender's own bucket (pushes from shaped hosts into the server's shaper)."""
     import simpy
 
     from syncsim.network import SharedLink
 
     env = simpy.Environment()
-    link = SharedLink(env, bandwidth, burst=burst, newcomer_weight=weight)
+    link = SharedLink(env, bandwidth, burst=burst, newcomer_weight=weight, sender_burst=sender_burst)
     ends = [math.nan] * len(starts)
     first = min(starts)
 
@@ -39,7 +40,10 @@ def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float
     Link.sharing_spread).
 
     Each trial started two transfers of ``size`` bytes at measured instants (the second a fraction of a
-    lone transfer later, or at once) through one shaper, and timed when each ended. The link's rate
+    lone transfer later, or at once) through one shaper, and timed when each ended. "into" trials are
+    replayed as the simulator runs pushes into a server, each sender's own bucket (``burst``: the
+    testbed's hosts all have the same) served first (syncsim.network's sender_burst); "out" trials
+    leave one host, whose own shaper is the one they share. The link's rate
     fixes when the pair is done; how the two ends split that is what the newer flow's weight w sets.
     Each trial's w minimises the squared error of its two ends relative to each transfer's duration,
     searched on a log grid from 1/WEIGHT_RANGE to WEIGHT_RANGE and refined around the best point.
@@ -50,7 +54,8 @@ def fit_sharing(trials: list[dict], bandwidth: float, alpha: float, burst: float
     import numpy as np
 
     def errors(weight: float, trial: dict) -> list[float]:
-        ends = simulate_collision(trial["starts"], size, bandwidth, alpha, burst, weight)
+        ends = simulate_collision(trial["starts"], size, bandwidth, alpha, burst, weight,
+                                  sender_burst=burst if trial["pattern"] == "into" else 0.0)
         return [(e - m) / (m - s) for e, m, s in zip(ends, trial["ends"], trial["starts"])]
 
     def cost(weight: float, trial: dict) -> float:

@@ -302,3 +302,38 @@ def test_every_flow_draws_its_own_weight_so_four_collided_flows_end_apart():
     assert got[3] == approx(sum(w) / w[3])
     assert got == sorted(got, reverse=True) and len({round(g, 9) for g in got}) == 4
     assert got[0] == approx(4.0)  # the link's work is conserved: the last byte leaves at 4 MB / 1 MB/s
+
+
+def test_a_sender_burst_must_be_finite_non_negative():
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="sender_burst must be a finite number of bytes >= 0"):
+            SharedLink(simpy.Environment(), 1e6, sender_burst=bad)
+
+
+# Basis: FIFO arithmetic of two shapers in series. Two senders, each behind its own shaper of rate B
+# and bucket b, send n bytes into one FIFO shaper of rate B and bucket b (both full), starting 0 and
+# d apart (B*d <= n - b). The first's bucketful passes both shapers at once, then its bytes arrive at
+# B and leave at once; the second's bucketful arrives at d, ahead of the first's later bytes. The
+# first's last byte arrives at (n - b)/B behind 2n - B*d bytes in all and leaves once the shaper has
+# served them, at (2n - B*d - b)/B; the second's, the last of 2n bytes, at (2n - b)/B: the pair leaves
+# as far apart as it came. Without the senders' buckets the first would end b/B earlier.
+@given(st.floats(1e4, 1e7), st.floats(1e5, 1e8), st.floats(0.0, 0.25), st.floats(0.0, 1.0))
+def test_senders_buckets_keep_two_colliding_flows_as_far_apart_as_they_started(n, bandwidth, bucket, lag):
+    b = bucket * n
+    d = lag * (n - b) / bandwidth
+    env = simpy.Environment()
+    link = SharedLink(env, bandwidth, cap=bandwidth, burst=b, sender_burst=b)
+    ends = [None, None]
+
+    def sender(i, start):
+        yield env.timeout(start)
+        yield link.transfer(n)
+        ends[i] = env.now
+
+    env.process(sender(0, 0.0))
+    env.process(sender(1, d))
+    env.run()
+    assert ends[0] == approx((2 * n - bandwidth * d - b) / bandwidth, rel=1e-9, abs=1e-12)
+    assert ends[1] == approx((2 * n - b) / bandwidth, rel=1e-9, abs=1e-12)
+    one_shaper = run_link([(0.0, n), (d, n)], bandwidth, cap=bandwidth, burst=b)
+    assert one_shaper[0] == approx(ends[0] - b / bandwidth, rel=1e-9, abs=1e-12)

@@ -329,14 +329,16 @@ def test_a_rate_that_depends_on_size_is_fitted_at_the_run_s_message_size():
 
 def _collisions(weights: list[float], pattern: str, size: float, rate: float, alpha: float, burst: float) -> list:
     """Trials as the sharing probe records them, from a link whose i-th collision gives the newer flow
-    ``weights[i]``, its start offsets cycling through SHARING_OFFSETS."""
+    ``weights[i]``, its start offsets cycling through SHARING_OFFSETS; "into" trials with each sender's
+    own bucket, as the simulator runs pushes into a server (and fit_sharing replays them)."""
     lone = size / rate
     trials = []
     for i, weight in enumerate(weights):
         fraction = SHARING_OFFSETS[i % len(SHARING_OFFSETS)]
         starts = [10.0, 10.0 + fraction * lone + 1e-6]  # the second flow starts (just) later
         trials.append({"pattern": pattern, "fraction": fraction, "starts": starts,
-                       "ends": simulate_collision(starts, size, rate, alpha, burst, weight)})
+                       "ends": simulate_collision(starts, size, rate, alpha, burst, weight,
+                                                  sender_burst=burst if pattern == "into" else 0.0)})
     return trials
 
 
