@@ -2,19 +2,45 @@
 study measures nothing twice.
 
 Every file records the SCHEMA_VERSION of the code that wrote it; a file of another version (or none) is
-measured again, since what a probe records changes with the code that runs it.
+measured again, since what a probe records changes with the code that runs it. Inside ``offline()``
+nothing is measured: a result not cached raises NotCached (a finished study predicted again from its
+calibration, real.validation.repredict).
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 from syncsim.files import write_atomic
 
-__all__ = ["SCHEMA_VERSION", "cached", "store", "slug"]
+__all__ = ["SCHEMA_VERSION", "NotCached", "cached", "store", "slug", "offline", "check_online"]
 
 SCHEMA_VERSION = 3  # raise it when a probe records something new or measures differently
+
+
+_OFFLINE = [False]  # inside offline(): nothing may be measured
+
+
+class NotCached(RuntimeError):
+    """A probe's result that offline() needed and the calibration folder does not hold."""
+
+
+@contextmanager
+def offline():
+    """Within it, a probe whose result is not cached raises NotCached instead of measuring."""
+    was, _OFFLINE[0] = _OFFLINE[0], True
+    try:
+        yield
+    finally:
+        _OFFLINE[0] = was
+
+
+def check_online(what: str) -> None:
+    """Raise NotCached naming ``what`` when a probe would measure inside offline()."""
+    if _OFFLINE[0]:
+        raise NotCached(f"{what} is not cached, and nothing is measured offline")
 
 
 def slug(text: str) -> str:
@@ -29,6 +55,7 @@ def cached(path: Path, measure) -> dict:
         kept = json.loads(path.read_text())
         if isinstance(kept, dict) and kept.get("schema_version") == SCHEMA_VERSION and "result" in kept:
             return kept["result"]
+    check_online(str(path))
     result = measure()
     store(path, result)
     return result

@@ -8,7 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
-from real.calibration.cache import cached, slug, store
+from real.calibration.cache import cached, check_online, slug, store
 from real.calibration.link_fit import fit_links
 from real.calibration.messages import PRECISIONS, encode_at, valid_at, valid_gather
 from real.calibration.timing import SMALL, SMALL_REPEATS, at_repeats, busy, interleaved, refill_idle, timed_once
@@ -53,6 +53,7 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
 
     def measure(at: list, sweep_sizes: bool = True, tag: str = "", swept: list[str] = swept,
                 gather: list = ()) -> dict:
+        check_online(f"the link probe at {bandwidth} ({name + tag})")  # a sweep to redo, or a run's own sizes
         return _run_link_probe(bandwidth, folder, name + tag, prefix, hosts, repeats,
                                ["--at", encode_at(at), "--precisions", ",".join(swept)]
                                + (["--gather", encode_at(gather)] if gather else [])

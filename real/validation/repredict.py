@@ -1,0 +1,98 @@
+"""``python -m real.validation.repredict OUT``: a finished validation study's rows predicted again by the
+simulator as it is now, from the calibration the study cached under OUT, with nothing measured: the same
+runs, only the prediction redone, to see what a change to the model does to every row in seconds.
+
+A row whose calibration timed the run's own collectives in the minute before it (an all-reducing run
+with several workers, a top-k exchange: real.validation.traffic's timed_size and timed_gather) keeps its
+recorded prediction, since those timings are not cached; so does a row whose calibration the folder
+lacks, or whose run's records (OUT/runs/NAME/trace.csv, updates.csv) are gone. The summary says how
+many rows each. Re-predicted rows are compared with their runs as the study compares them
+(real.validation.evaluation.compared), the measured figures read again from the kept records.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from real.validation.config import Config
+from real.validation.settings import Settings
+
+__all__ = ["repredict", "main"]
+
+
+
+def _settings(frame: pd.DataFrame, out: Path) -> Settings:
+    """The study's settings as far as its calibration's cache names depend on them."""
+    from real.validation.traffic import sent_precisions
+
+    configs = [Config(r.scheme, int(r.world), r.bandwidth, r.model, float(r.slow)) for r in frame.itertuples()]
+    return Settings(out=out, steps=int(frame["steps"].max()), batch_size=int(frame["batch_size"].max()), repeats=5,
+                    prefix="sstb", run_timeout=300.0, loss_steps=0, precisions=sent_precisions(configs))
+
+
+def repredict(frame: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, dict[str, int]]:
+    """``frame`` (a study's validation.csv under ``out``) with each measured row's prediction redone from
+    the cached calibration; and how many rows were re-predicted, kept (timed just before their run) and
+    not cached."""
+    from real.calibration.cache import NotCached, offline
+    from real.validation.calibration import calibrate
+    from real.validation.evaluation import compared
+    from real.validation.frame import derive
+    from real.validation.prediction import as_run_on_gloo, predict
+    from real.validation.traffic import timed_gather, timed_size
+    from real.validation.verdict import failed
+    from syncsim import simulate
+    from syncsim.metrics import steady_state
+
+    frame = frame.copy()
+    settings = _settings(frame[~failed(frame)], out)
+    counts = {"repredicted": 0, "kept": 0, "not cached": 0}
+    for i, row in frame[~failed(frame)].iterrows():
+        config = Config(row["scheme"], int(row["world"]), row["bandwidth"], row["model"], float(row["slow"]))
+        if timed_size(config) or timed_gather(config):
+            counts["kept"] += 1
+            continue
+        steps, run = int(row["run_steps"]), out / "runs" / config.name
+        try:
+            with offline():
+                calibration = calibrate(config, settings)
+            trace, updates = pd.read_csv(run / "trace.csv"), pd.read_csv(run / "updates.csv")
+        except (NotCached, FileNotFoundError):
+            counts["not cached"] += 1
+            continue
+        first = simulate(calibration.cluster, calibration.workload, as_run_on_gloo(config.scheme), steps=steps,
+                         seed=0)
+        prediction = predict(first)
+        measured = steady_state(trace, updates, int(row["batch_size"]), steps=steps, workers=config.world)
+        figures = compared(prediction.steady, measured) | {"predicted_seed_cv": prediction.seed_cv}
+        frame.loc[i, list(figures)] = list(figures.values())
+        counts["repredicted"] += 1
+    return derive(frame), counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    from real.validation.summary import summary_lines
+    from syncsim.arguments import ArgumentParser
+
+    ap = ArgumentParser(prog="python -m real.validation.repredict", description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="a finished study's folder (its validation.csv and calibration/)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if not (out / "validation.csv").is_file():
+        ap.error(f"out: {out / 'validation.csv'} does not exist (run python -m studies.validation --out {out})")
+    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out)
+    frame.to_csv(out / "repredicted.csv", index=False)
+    print(f"re-predicted {counts['repredicted']} rows from {out / 'calibration'}; {counts['kept']} kept their "
+          f"recorded prediction (their calibration timed the run's own collectives just before it), "
+          f"{counts['not cached']} not cached")
+    for line in summary_lines(frame):
+        print(line)
+    print(f"wrote {out / 'repredicted.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

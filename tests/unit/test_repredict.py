@@ -1,0 +1,106 @@
+"""real.validation.repredict and the calibration cache's offline mode: a finished study predicted again
+with nothing measured."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from real.calibration.cache import NotCached, cached, offline, store
+from real.calibration.link_probe import measure_link
+from real.validation.calibration import Calibration
+from real.validation.config import Config
+from real.validation.evaluation import compared
+from real.validation.prediction import as_run_on_gloo, predict
+from real.validation.repredict import main, repredict
+from syncsim import Cluster, Link, Workload, simulate
+from syncsim.metrics import steady_state
+
+RESULT = {"compute_time": 2e-3}
+
+
+def test_offline_reads_the_cache_and_measures_nothing(tmp_path):
+    # Basis: offline() promises that no probe runs: a cached result comes back as it is, a missing one
+    # raises NotCached naming its file without measure() being called; outside it, a miss is measured.
+    path, calls = tmp_path / "probe.json", []
+
+    def measure():
+        calls.append(1)
+        return RESULT
+
+    with offline(), pytest.raises(NotCached, match="probe.json"):
+        cached(path, measure)
+    assert calls == [] and not path.exists()
+    assert cached(path, measure) == RESULT and calls == [1]
+    with offline():
+        assert cached(path, measure) == RESULT
+    assert calls == [1]
+
+
+def test_offline_the_link_probe_neither_sweeps_again_nor_times_a_runs_own_sizes(tmp_path):
+    # A cached sweep that lacks a precision asked for, and a run's own all-reduces (never cached), would
+    # both start the testbed: offline, each raises NotCached instead.
+    store(tmp_path / "link-50Mbit-s-h2.json", {"probe": {"allreduce_fp32": []}, "burst": 15_000})
+    with offline():
+        with pytest.raises(NotCached, match="link probe at 50Mbit/s"):
+            measure_link("50Mbit/s", tmp_path, "sstb", 1, hosts=2, precisions=("fp16", "fp32"))
+        with pytest.raises(NotCached, match="50Mbit-s-h2-now"):
+            measure_link("50Mbit/s", tmp_path, "sstb", 1, hosts=2, now=[(4096, "fp32")], precisions=("fp32",))
+
+
+def _row(config: Config, predicted, measured, steps: int) -> dict:
+    return {"scheme": config.scheme, "world": config.world, "servers": config.servers, "bandwidth": config.bandwidth,
+            "model": config.model, "slow": config.slow, "steps": steps, "run_steps": steps, "batch_size": 32,
+            "predicted_seed_cv": 0.0, "error": ""} | compared(predicted, measured)
+
+
+def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(monkeypatch, tmp_path):
+    # Basis: only the prediction is redone. A re-predicted row's predicted figures are predict() on the
+    # calibration as it is now; its measured ones, read again from the run's kept records, are the same as
+    # recorded. A row whose calibration timed its run's own collectives (an all-reduce of two workers) keeps
+    # its recorded prediction; one whose calibration is not cached is counted, not measured.
+    steps = 24
+    cluster = Cluster.homogeneous(gpus=2, link=Link("50Mbit/s", "100us"), servers=1,
+                                  server_link=Link("50Mbit/s", "100us"), name="testbed")
+    workload = Workload(param_bytes=4e5, compute_time=2e-3, batch_size=32, name="mlp")
+    async_ps = Config("ps:mode=async", 2, "50Mbit/s", "mlp")
+    ring = Config("allreduce", 2, "50Mbit/s", "mlp")
+    uncached = Config("ps", 2, "50Mbit/s", "lenet")
+    rows = []
+    for config in (async_ps, ring, uncached):
+        # the "run": the same configuration simulated on a slower link, its records kept as a study keeps them
+        run = simulate(cluster.replace(inter=Link("40Mbit/s", "100us")), workload, as_run_on_gloo(config.scheme),
+                       steps=steps, seed=3)
+        folder = tmp_path / "runs" / config.name
+        folder.mkdir(parents=True)
+        run.trace.to_csv(folder / "trace.csv", index=False)
+        run.updates.to_csv(folder / "updates.csv", index=False)
+        measured = steady_state(run.trace, run.updates, 32, steps=steps, workers=config.world)
+        old = simulate(cluster, workload.replace(compute_time=5e-3), as_run_on_gloo(config.scheme), steps=steps)
+        rows.append(_row(config, old.steady, measured, steps))
+    frame = pd.DataFrame(rows)
+    frame.to_csv(tmp_path / "validation.csv", index=False)
+
+    def calibrate(config, settings):
+        if config.model == "lenet":
+            with offline():
+                cached(tmp_path / "calibration" / "missing.json", lambda: RESULT)
+        return Calibration(cluster, workload, {})
+
+    monkeypatch.setattr("real.validation.calibration.calibrate", calibrate)
+    got, counts = repredict(frame, tmp_path)
+    assert counts == {"repredicted": 1, "kept": 1, "not cached": 1}
+    want = predict(simulate(cluster, workload, as_run_on_gloo(async_ps.scheme), steps=steps, seed=0)).steady
+    assert got.loc[0, "predicted_step_time"] == pytest.approx(want.step_time, rel=1e-12)
+    assert got.loc[0, "predicted_step_time"] != pytest.approx(frame.loc[0, "predicted_step_time"], rel=1e-3)
+    for column in ("measured_step_time", "measured_throughput", "measured_staleness_mean"):
+        assert got.loc[0, column] == pytest.approx(frame.loc[0, column], rel=1e-12)
+    for i in (1, 2):  # kept as recorded
+        assert got.loc[i, "predicted_step_time"] == frame.loc[i, "predicted_step_time"]
+    assert got.loc[0, "rel_error"] == pytest.approx(want.step_time / frame.loc[0, "measured_step_time"] - 1)
+
+
+def test_the_command_names_a_folder_without_a_study(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "nothing")])
+    assert "validation.csv does not exist" in capsys.readouterr().err
