@@ -222,7 +222,7 @@ class SharedLink:
             flow.left -= elapsed * flow.rate
             if flow.head > 0:
                 flow.head -= elapsed * flow.rate
-                if flow.head <= _TAG_RTOL * (1 + flow.size) or now + flow.head / flow.rate <= now:
+                if _spent(flow.head, flow, now):
                     flow.head = 0.0
         self._updated = now
 
@@ -245,14 +245,10 @@ class SharedLink:
         self._wake_pending = False
         if self._weighted:
             self._serve(now)
-            # Done if within rounding of its size, or if what is left would finish within the float
-            # resolution of ``now`` (else it could never advance).
             # A finished newest flow is in no list any more, so no flow inherits its w0.
             active, finished = [], []
             for flow in self._flows:
-                ended = (flow.left <= _TAG_RTOL * (1 + flow.size)
-                         or (flow.rate > 0 and now + flow.left / flow.rate <= now))
-                (finished if ended else active).append(flow)
+                (finished if _spent(flow.left, flow, now) else active).append(flow)
             self._flows = active
             if active:
                 self._share()
@@ -283,6 +279,14 @@ class SharedLink:
             self._idle_since = now
         for done in finished:
             _resume_now(done)
+
+
+def _spent(amount: float, flow: _Flow, now: float) -> bool:
+    """Whether ``amount`` bytes of a weighted link's ``flow`` (what is left of it, or of its sender's
+    bucketful) are gone: within rounding of its size, or what is left would be served within the float
+    resolution of ``now`` (else it could never advance). A flow waiting behind senders' buckets (rate 0)
+    is served nothing."""
+    return amount <= _TAG_RTOL * (1 + flow.size) or (flow.rate > 0 and now + amount / flow.rate <= now)
 
 
 def triggered(event: simpy.Event) -> simpy.Event:

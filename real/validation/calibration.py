@@ -122,7 +122,7 @@ def _server_link(config: Config, settings: Settings, folder: Path, pingpong: dic
                                   settings.repeats)
     link = Link(bandwidth=pingpong["bandwidth"], latency=pingpong["alpha"], burst=burst,
                 newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"])
-    return link, sharing.get("duplex_stretch", math.nan)
+    return link, sharing["duplex_stretch"]
 
 
 def _server_service(config: Config, settings: Settings, folder: Path, pingpong: dict, burst: float,

@@ -14,7 +14,7 @@ from real.validation.settings import Settings
 if TYPE_CHECKING:
     from syncsim.metrics import SteadyState
 
-__all__ = ["Measurement", "SPREAD_WINDOWS", "measure", "run_spread"]
+__all__ = ["Measurement", "SPREAD_WINDOWS", "measure", "read_steady", "run_spread"]
 
 # A measured run's step time is also timed over this many consecutive windows of its steps; their
 # coefficient of variation (measured_spread) is how much this machine's speed wandered during the run.
@@ -47,7 +47,6 @@ def measure(config: Config, settings: Settings, folder: Path, steps: int,
     from real.config import RunConfig
     from real.interrupt import Interrupted
     from real.testbed import Testbed, run
-    from syncsim.metrics import steady_state
 
     slow = ()
     if config.slow > 1:
@@ -62,10 +61,17 @@ def measure(config: Config, settings: Settings, folder: Path, steps: int,
         raise Interrupted(code - 128)
     if code:
         raise RuntimeError(message)
-    trace = pd.read_csv(folder / "trace.csv")
-    steady = steady_state(trace, pd.read_csv(folder / "updates.csv"), settings.batch_size, steps=steps,
-                          workers=config.world)
+    trace, steady = read_steady(folder, settings.batch_size, steps, config.world)
     return Measurement(steady, run_spread(trace, steps, config.world), dropped, trace)
+
+
+def read_steady(folder: Path, batch_size: int, steps: int, world: int) -> tuple[pd.DataFrame, SteadyState]:
+    """A run's kept trace (``folder``/trace.csv) and its steady state with its update log (syncsim.metrics),
+    as the study measured it; FileNotFoundError when the run's records are gone."""
+    from syncsim.metrics import steady_state
+
+    trace = pd.read_csv(folder / "trace.csv")
+    return trace, steady_state(trace, pd.read_csv(folder / "updates.csv"), batch_size, steps=steps, workers=world)
 
 
 def run_spread(trace: pd.DataFrame, steps: int, world: int) -> float:

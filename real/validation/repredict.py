@@ -23,12 +23,10 @@ from real.validation.settings import Settings
 __all__ = ["repredict", "main"]
 
 
-
-def _settings(frame: pd.DataFrame, out: Path) -> Settings:
+def _settings(frame: pd.DataFrame, configs: list[Config], out: Path) -> Settings:
     """The study's settings as far as its calibration's cache names depend on them."""
     from real.validation.traffic import sent_precisions
 
-    configs = [Config(r.scheme, int(r.world), r.bandwidth, r.model, float(r.slow)) for r in frame.itertuples()]
     return Settings(out=out, steps=int(frame["steps"].max()), batch_size=int(frame["batch_size"].max()), repeats=5,
                     prefix="sstb", run_timeout=300.0, loss_steps=0, precisions=sent_precisions(configs))
 
@@ -41,32 +39,32 @@ def repredict(frame: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, dict[str, i
     from real.validation.calibration import calibrate
     from real.validation.evaluation import compared
     from real.validation.frame import derive
+    from real.validation.measurement import read_steady
     from real.validation.prediction import as_run_on_gloo, predict
     from real.validation.traffic import timed_gather, timed_size
     from real.validation.verdict import failed
     from syncsim import simulate
-    from syncsim.metrics import steady_state
 
     frame = frame.copy()
-    settings = _settings(frame[~failed(frame)], out)
+    rows = frame[~failed(frame)]
+    configs = [Config(r.scheme, int(r.world), r.bandwidth, r.model, float(r.slow)) for r in rows.itertuples()]
+    settings = _settings(rows, configs, out)
     counts = {"repredicted": 0, "kept": 0, "not cached": 0}
-    for i, row in frame[~failed(frame)].iterrows():
-        config = Config(row["scheme"], int(row["world"]), row["bandwidth"], row["model"], float(row["slow"]))
+    for (i, row), config in zip(rows.iterrows(), configs):
         if timed_size(config) or timed_gather(config):
             counts["kept"] += 1
             continue
-        steps, run = int(row["run_steps"]), out / "runs" / config.name
+        steps = int(row["run_steps"])
         try:
             with offline():
                 calibration = calibrate(config, settings)
-            trace, updates = pd.read_csv(run / "trace.csv"), pd.read_csv(run / "updates.csv")
+            _, measured = read_steady(out / "runs" / config.name, int(row["batch_size"]), steps, config.world)
         except (NotCached, FileNotFoundError):
             counts["not cached"] += 1
             continue
         first = simulate(calibration.cluster, calibration.workload, as_run_on_gloo(config.scheme), steps=steps,
                          seed=0)
         prediction = predict(first)
-        measured = steady_state(trace, updates, int(row["batch_size"]), steps=steps, workers=config.world)
         figures = compared(prediction.steady, measured) | {"predicted_seed_cv": prediction.seed_cv}
         frame.loc[i, list(figures)] = list(figures.values())
         counts["repredicted"] += 1
