@@ -74,6 +74,15 @@ class Link:
     the run's seed, and the newest active flow weighs newcomer_weight times its own (syncsim.network).
     0 (the default): every collision splits alike. TCP flows of a few hundred kB through one shaper do
     not converge within a transfer; real.calibration.sharing_probe measures both values from colliding pairs."""
+    crossing_stretch: tuple[float, ...] = ()
+    """How much longer a transfer into the link's host takes while the host itself is sending (the
+    parameter servers' NICs: a push arriving while the server answers another worker's pull), as a
+    measured sample of factors over the transfer's time on its own, one drawn at random for each such
+    transfer. On a TCP path whose two directions share one host's queue, the arriving transfer's
+    acknowledgements wait behind the host's outgoing data, and its sender, out of window, stalls now and
+    then for a good part of a transfer (real.calibration.sharing_probe times pushes and replies taking
+    turns). Empty (the default): the two directions are independent, as on a full-duplex link whose
+    acknowledgements never queue behind data."""
 
     def __post_init__(self) -> None:
         bandwidth = parse_bandwidth(self.bandwidth, "Link.bandwidth")
@@ -91,6 +100,11 @@ class Link:
             object.__setattr__(self, "refill", refill)
         object.__setattr__(self, "newcomer_weight", check_positive("Link", "newcomer_weight", self.newcomer_weight))
         object.__setattr__(self, "sharing_spread", check_float("Link", "sharing_spread", self.sharing_spread, low=0.0))
+        if isinstance(self.crossing_stretch, (str, bytes)) or not hasattr(self.crossing_stretch, "__iter__"):
+            raise ValueError(f"Link.crossing_stretch must be a sequence of factors (each at least 1), "
+                             f"got {self.crossing_stretch!r}")
+        stretch = tuple(check_float("Link", "crossing_stretch", factor, low=1.0) for factor in self.crossing_stretch)
+        object.__setattr__(self, "crossing_stretch", stretch)
 
     @property
     def refill_rate(self) -> float:

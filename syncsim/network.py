@@ -139,10 +139,19 @@ class SharedLink:
         self._wake_gen = 0           # generation of the pending wake-up (stale ones are ignored)
         self.bytes_served = 0.0
         self.peak_flows = 0
+        self._busy = 0.0             # seconds the link carried a flow, up to _busy_from
+        self._busy_from: float | None = None  # when its current busy spell began (None: idle)
 
     @property
     def active(self) -> int:
         return len(self._heap) + len(self._flows)
+
+    def busy_time(self) -> float:
+        """Seconds the link has carried at least one flow since the run began (its bucket's instant
+        passes take none)."""
+        if self._busy_from is None:
+            return self._busy
+        return self._busy + self.env.now - self._busy_from
 
     def rate(self, flows: int) -> float:
         """Bytes/second each of ``flows`` equally shared active flows receives: min(cap, B/n)."""
@@ -187,6 +196,8 @@ class SharedLink:
             nbytes -= granted
         if nbytes <= 0:
             return done.succeed()
+        if self._busy_from is None:
+            self._busy_from = now
         self.bytes_served += nbytes
         if not self._weighted:
             # serve every active flow up to now (written out here and in _on_wake: the simulator's hot path)
@@ -254,7 +265,7 @@ class SharedLink:
                 self._share()
                 self._arm(now)
             else:
-                self._idle_since = now
+                self._went_idle(now)
             for flow in finished:
                 _resume_now(flow.done)
             return
@@ -276,9 +287,16 @@ class SharedLink:
         if heap:
             self._arm(now)
         else:
-            self._idle_since = now
+            self._went_idle(now)
         for done in finished:
             _resume_now(done)
+
+
+    def _went_idle(self, now: float) -> None:
+        self._idle_since = now
+        if self._busy_from is not None:
+            self._busy += now - self._busy_from
+            self._busy_from = None
 
 
 def _spent(amount: float, flow: _Flow, now: float) -> bool:

@@ -10,7 +10,8 @@ between its k concurrent shards, which caps each flow at B_worker/k; a server
 NIC is shared equally by the flows it receives (or, with a ``newcomer_weight`` or
 ``sharing_spread``, unequally: see syncsim.network; where the workers' own links
 have a bucket, a push arriving at a busy server NIC has its first bucketful
-served first: SharedLink's ``sender_burst``). For p simultaneous pushes one push therefore takes
+served first: SharedLink's ``sender_burst``; and with a ``crossing_stretch``, a push that comes in
+while the server sends is held for a drawn factor of that overlap). For p simultaneous pushes one push therefore takes
 alpha + max(n/B_worker, p·n/(k·B_server)): the parameter server's bottleneck.
 
 Servers only react to arrivals, so they are modelled as these shared
@@ -29,6 +30,7 @@ from syncsim.recorder import Recorder
 __all__ = ["ServerGroup"]
 
 _IN, _OUT = 0x53525649, 0x5352564F  # seed-stream tags of the two directions ("SRVI", "SRVO")
+_CROSS = 0x53525658  # seed-stream tag of the crossing pushes' stretches ("SRVX")
 
 
 class ServerGroup:
@@ -56,6 +58,9 @@ class ServerGroup:
                                sender_burst=sender_burst, **shaping)  # type: ignore[arg-type]
         self.up = SharedLink(env, net.bandwidth, name="server-out", rng=np.random.default_rng([seed, _OUT]),
                              **shaping)  # type: ignore[arg-type]
+        # a push arriving while the server sends takes a factor drawn from this sample longer (Link.crossing_stretch)
+        self.crossing = np.asarray(net.crossing_stretch, dtype=float)
+        self._cross_rng = np.random.default_rng([seed, _CROSS])
         self.latency = float(net.latency)  # type: ignore[arg-type]
         self.service = float(cluster.server_service)  # type: ignore[arg-type]  # per push taken in, per pull answered
         self.recorder = recorder
@@ -67,7 +72,19 @@ class ServerGroup:
         self._round: dict[int, list[tuple[int, int]]] = {}
 
     def push(self, nbytes: float) -> simpy.Event:
-        return self.down.transfer(nbytes / self.k)
+        moved = self.down.transfer(nbytes / self.k)
+        if not self.crossing.size:
+            return moved
+        return self.env.process(self._stretched(moved, float(self._cross_rng.choice(self.crossing))))
+
+    def _stretched(self, moved: simpy.Event, stretch: float):
+        """A push, held after its bytes are through (stretch − 1) times as long as the server sent while they
+        came in (its sender out of window, waiting for acknowledgements; Link.crossing_stretch)."""
+        crossed = self.up.busy_time()
+        yield moved
+        crossed = self.up.busy_time() - crossed
+        if stretch > 1.0 and crossed > 0:
+            yield self.env.timeout((stretch - 1.0) * crossed)
 
     def pull(self, nbytes: float) -> simpy.Event:
         return self.up.transfer(nbytes / self.k)

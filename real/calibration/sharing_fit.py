@@ -86,13 +86,11 @@ def fit_duplex(trials: list[dict], bandwidth: float, alpha: float, burst: float,
     """How much longer each of two transfers of ``size`` bytes crossing one host's link in opposite
     directions took than a lone one (syncsim's price: ``alpha`` + (size - ``burst``)/``bandwidth``).
 
-    Each of the sharing probe's "across" trials started flow 0 (a peer's transfer into the host: a push)
-    and flow 1 (the host's transfer out to another peer: a pull's reply) together. syncsim's links carry
-    each direction on its own, so a stretch of 1 is what it assumes. ``duplex_stretch`` is the mean of
-    flow 0's measured duration over that price, ``duplex_stretch_reply`` flow 1's, ``duplex_stretches``
-    flow 0's per trial; a mean, not a median, because the stretch comes in rare long stalls (the
-    sharing probe's DUPLEX_REPEATS). NaN (and no per-trial values) without trials: a probe cached before
-    it timed them. A diagnostic: recorded beside each validation row, not yet part of the model."""
+    Each of the sharing probe's "turns" trials is one turn of two peers taking turns at the host: flow 0
+    a peer's transfer into the host (a push), flow 1 the host's transfer out to the other peer (a pull's
+    reply), started together. ``duplex_stretches`` is flow 0's measured duration over that price, one per
+    trial: the sample Link.crossing_stretch draws from; ``duplex_stretch`` their mean and
+    ``duplex_stretch_reply`` flow 1's. NaN (and no per-trial values) without trials."""
     import numpy as np
 
     if not trials:

@@ -1,7 +1,8 @@
 """The sharing probe: two transfers colliding in one host's shaper on a 3-host testbed, timed, and the
-newcomer weight that reproduces them on syncsim's link (real.calibration.sharing_fit); and two crossing
-the host's link in opposite directions (a push arriving while the host sends a pull's reply), timed
-against a lone transfer (real.calibration.sharing_fit.fit_duplex)."""
+newcomer weight that reproduces them on syncsim's link (real.calibration.sharing_fit); and two peers
+taking turns at the host, each pushing into it while it replies to the other, each push timed against a
+lone transfer's price: the sample of stretches syncsim draws a crossing push's from (Link.crossing_stretch,
+real.calibration.sharing_fit.fit_duplex)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ from real.calibration.sharing_fit import fit_duplex, fit_sharing
 from real.calibration.timing import refill_idle
 from syncsim.files import write_atomic
 
-__all__ = ["SHARING_OFFSETS", "DUPLEX_REPEATS", "measure_sharing", "sharing_rank"]
+__all__ = ["SHARING_OFFSETS", "TURNS_TIME", "MIN_TURNS", "MAX_TURNS", "turns", "measure_sharing", "sharing_rank"]
 
 # The sharing probe's second transfer starts these fractions of a lone transfer after the first: at once (a
 # synchronous round's pulls) and part-way through (a push arriving while another is on the link).
 SHARING_OFFSETS = (0.0, 0.25, 0.5)
-# Pushes and replies crossing the host's link ("across") are timed this many times as often as each
-# collision: on the testbed at 50 Mbit/s a crossing push ended within about 2 ms of a lone one or, in
-# one crossing of ten to one of two, 15-40 ms later (docs/log.md, "A push while the server replies"),
-# so their mean needs more trials than a collision's weight.
-DUPLEX_REPEATS = 4
+# The peers then take turns at the host, pushing into it while it replies to the other, for as many turns as
+# TURNS_TIME holds (at least MIN_TURNS, at most MAX_TURNS): on the testbed at 50 Mbit/s most such pushes
+# took 5-10 % longer than a lone one and about one in four 15-65 ms longer, in spells of two to four
+# turns (docs/log.md, "Taking turns"), so the sample must hold tens of stalls to give their share.
+TURNS_TIME, MIN_TURNS, MAX_TURNS = 10.0, 40, 100
 
 
 def measure_sharing(bandwidth: str, folder: Path, link: dict, burst: float, message_bytes: float,
@@ -52,10 +53,15 @@ def measure_sharing(bandwidth: str, folder: Path, link: dict, burst: float, mess
 
     measured = cached(folder / f"sharing-{slug(bandwidth)}-{size}.json", measure)
     trials = measured["trials"]
-    colliding = [t for t in trials if t["pattern"] != "across"]
-    crossing = [t for t in trials if t["pattern"] == "across"]
+    colliding = [t for t in trials if t["pattern"] in ("into", "out")]
+    crossing = [t for t in trials if t["pattern"] == "turns"]
     return (measured | fit_sharing(colliding, link["bandwidth"], link["alpha"], burst, size)
             | fit_duplex(crossing, link["bandwidth"], link["alpha"], burst, size))
+
+
+def turns(lone: float) -> int:
+    """How many turns the probe takes, each a transfer of ``lone`` seconds on its own each way."""
+    return int(min(MAX_TURNS, max(MIN_TURNS, TURNS_TIME // lone)))
 
 
 # -- what the ranks run -------------------------------------------------------------
@@ -82,11 +88,9 @@ def _wait_timed(works: list, ends: list[float]) -> None:
 def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) -> None:
     """Rank 0 is the shared host; ranks 1 and 2 its peers. "into": both peers send to rank 0 (pushes meeting
     in the shaper in front of a server); "out": rank 0 sends to both (pulls leaving through the server's
-    own shaper). The second transfer starts SHARING_OFFSETS of a lone transfer after the first. "across":
-    peer 1 sends to rank 0 while rank 0 sends to peer 2, both at once (a push arriving while the server
-    answers another worker's pull, as two asynchronous workers taking turns do), DUPLEX_REPEATS times as
-    often. Every namespace of the testbed reads one CLOCK_MONOTONIC (time.perf_counter), so the instants
-    compare."""
+    own shaper). The second transfer starts SHARING_OFFSETS of a lone transfer after the first. Then the
+    peers take ``turns(lone)`` turns at rank 0 (_take_turns). Every namespace of the testbed reads one
+    CLOCK_MONOTONIC (time.perf_counter), so the instants compare."""
     import torch
     import torch.distributed as dist
 
@@ -94,7 +98,6 @@ def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) ->
     buffers = [torch.zeros(size // 4) for _ in range(2)]
     trials = []
     plan = [(pattern, fraction, repeats) for pattern in ("into", "out") for fraction in SHARING_OFFSETS]
-    plan.append(("across", 0.0, repeats * DUPLEX_REPEATS))
     for pattern, fraction, times in plan:
         for repeat in range(times + 1):  # the first is a warm-up (connections, buffers)
             dist.barrier()
@@ -108,6 +111,7 @@ def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) ->
                 known = [[next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)]
                          for values in zip(*gathered)]
                 trials.append({"pattern": pattern, "fraction": fraction, "starts": known[0], "ends": known[1]})
+    trials += _take_turns(buffers, turns(lone))
     if dist.get_rank() == 0:
         write_atomic(out, json.dumps(trials))
     dist.destroy_process_group()
@@ -120,9 +124,7 @@ def _collide(pattern: str, at: tuple[float, float], buffers: list) -> tuple[list
 
     rank = dist.get_rank()
     starts, ends = [math.nan, math.nan], [math.nan, math.nan]
-    if pattern == "across":
-        _cross(at, buffers, starts, ends)
-    elif pattern == "into" and rank == 0:
+    if pattern == "into" and rank == 0:
         _wait_timed([dist.irecv(buffers[i], i + 1) for i in range(2)], ends)
     elif pattern == "into":
         _sleep_until(at[rank - 1])
@@ -142,22 +144,37 @@ def _collide(pattern: str, at: tuple[float, float], buffers: list) -> tuple[list
     return starts, ends
 
 
-def _cross(at: tuple[float, float], buffers: list, starts: list[float], ends: list[float]) -> None:
-    """This rank's part of an "across" trial: flow 0 peer 1's transfer into rank 0, flow 1 rank 0's to peer 2."""
+def _take_turns(buffers: list, turns: int) -> list[dict]:
+    """The peers take turns at rank 0 as two asynchronous workers do: in each turn one peer sends to rank 0
+    (a push) while rank 0 sends to the other (the reply to its pull), and the next turn starts as soon as
+    both are through, the peers' roles swapped. One "turns" trial per turn after a warm-up: flow 0 the push,
+    flow 1 the reply, their instants taken by the ranks that saw them."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    if rank == 0:
-        arriving = dist.irecv(buffers[0], 1)  # posted before either starts, as the server's receives are
-        _sleep_until(at[1])
-        starts[1] = time.perf_counter()
-        leaving = dist.isend(buffers[1], 2)
-        _wait_timed([arriving], ends)  # ends[0]
-        leaving.wait()
-    elif rank == 1:
-        _sleep_until(at[0])
-        starts[0] = time.perf_counter()
-        dist.send(buffers[0], 0)
-    else:
-        dist.recv(buffers[1], 0)
-        ends[1] = time.perf_counter()
+    seen = []
+    dist.barrier()
+    for turn in range(turns + 1):  # the first is a warm-up
+        pusher = 1 + turn % 2
+        starts, ends = [math.nan, math.nan], [math.nan, math.nan]
+        if rank == 0:
+            arriving = dist.irecv(buffers[0], pusher)  # posted first, as the server's receives are
+            starts[1] = time.perf_counter()
+            leaving = dist.isend(buffers[1], 3 - pusher)
+            _wait_timed([arriving], ends)  # ends[0]
+            leaving.wait()
+        elif rank == pusher:
+            starts[0] = time.perf_counter()
+            dist.send(buffers[0], 0)
+        else:
+            dist.recv(buffers[1], 0)
+            ends[1] = time.perf_counter()
+        if turn:
+            seen.append((starts, ends))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, seen)
+    trials = []
+    for turn in zip(*gathered):  # each instant was taken by one rank: the one that is not NaN
+        known = [[next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)] for values in zip(*turn)]
+        trials.append({"pattern": "turns", "fraction": 0.0, "starts": known[0], "ends": known[1]})
+    return trials

@@ -23,8 +23,8 @@ class Links(NamedTuple):
     ``launch``, a collective's own cost), the parameter server's NIC (``server``) and the server's time per
     push or pull beyond it (``service``); ``at_size``, the run's own collectives of a step timed just
     before it (NaN when it sends none over the links); ``duplex``, how much longer a push into the server
-    took while the server sent a reply (the sharing probe's duplex_stretch; a diagnostic the model does
-    not use; NaN without a server's sharing probe)."""
+    took while the server sent a reply (the mean of the sharing probe's turns, whose sample the server's
+    Link.crossing_stretch draws from; NaN without a server's sharing probe)."""
 
     worker: Link
     launch: float
@@ -111,17 +111,19 @@ def calibrate_links(config: Config, settings: Settings, folder: Path) -> Links:
 def _server_link(config: Config, settings: Settings, folder: Path, pingpong: dict, burst: float,
                  message: float) -> tuple[Link, float]:
     """A server's NIC carries concurrent pushes (and pulls) of the whole gradient: how two of them split
-    the shaper, measured at that size (real.calibration.sharing_probe.measure_sharing), sets its weights;
-    and the probe's duplex stretch beside it (NaN where it did not run)."""
+    the shaper, measured at that size (real.calibration.sharing_probe.measure_sharing), sets its weights,
+    and pushes timed while it replies to another worker its crossing stretch; the stretches' mean beside
+    it (NaN where the probe did not run)."""
     from real.calibration.sharing_probe import measure_sharing
     from syncsim import Link
 
-    sharing = {"weight": 1.0, "spread": 0.0, "duplex_stretch": math.nan}
+    sharing = {"weight": 1.0, "spread": 0.0, "duplex_stretch": math.nan, "duplex_stretches": []}
     if config.servers and config.world > 1:
         sharing = measure_sharing(config.bandwidth, folder, pingpong, burst, message, settings.prefix,
                                   settings.repeats)
     link = Link(bandwidth=pingpong["bandwidth"], latency=pingpong["alpha"], burst=burst,
-                newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"])
+                newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"],
+                crossing_stretch=tuple(max(1.0, s) for s in sharing["duplex_stretches"]))
     return link, sharing["duplex_stretch"]
 
 

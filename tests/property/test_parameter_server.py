@@ -195,3 +195,46 @@ def test_the_server_s_time_per_request_is_a_time_and_not_negative():
     assert Cluster.homogeneous(1, Link(1e9), servers=1, server_service="250us").server_service == pytest.approx(250e-6)
     with pytest.raises(ValueError, match="server_service"):
         Cluster.homogeneous(1, Link(1e9), servers=1, server_service=-1e-3)
+
+
+# Basis: Link.crossing_stretch's definition. A push of n bytes started d after the server began a
+# reply of n bytes on an idle link of rate B overlaps the reply for n/B - d (d < n/B), or not at all;
+# its bytes are through at d + n/B and it is held (s - 1) times that overlap more. A sample of one
+# factor s is drawn every time; with no sample the two directions are independent. One flow each way,
+# so a newcomer weight (the weighted link's path) changes nothing.
+@given(st.floats(1e4, 1e8), st.floats(1e6, 1e10), st.floats(1.0, 3.0), st.floats(0.0, 1.5), st.integers(1, 4),
+       st.sampled_from([1.0, 2.0]))
+def test_a_push_crossing_a_reply_is_held_by_its_stretch_times_the_overlap(n, bandwidth, stretch, lag, k, weight):
+    import simpy
+
+    from syncsim.recorder import Recorder
+    from syncsim.server import ServerGroup
+
+    d = lag * n / bandwidth
+    ends = {}
+    for sample in ((), (stretch,)):
+        server = Link(bandwidth, newcomer_weight=weight, crossing_stretch=sample)
+        cluster = Cluster.homogeneous(2, Link(1e15), servers=k, server_link=server)
+        env = simpy.Environment()
+        group = ServerGroup(env, cluster, Recorder(), state=None)
+
+        def pusher(env, group, sample):
+            yield env.timeout(d)
+            yield group.push(n)
+            ends[sample] = env.now
+
+        env.process(pusher(env, group, sample))
+        group.pull(n)
+        env.run()
+    lone = n / k / bandwidth  # each of the k servers carries a shard
+    overlap = max(0.0, lone - d)
+    assert ends[()] == pytest.approx(d + lone, rel=1e-9)
+    assert ends[(stretch,)] == pytest.approx(d + lone + (stretch - 1) * overlap, rel=1e-9, abs=1e-15)
+
+
+def test_a_crossing_stretch_is_a_sample_of_factors_of_at_least_one():
+    assert Link(1e9, crossing_stretch=[1.0, 1.5]).crossing_stretch == (1.0, 1.5)  # a TOML list is kept as a tuple
+    with pytest.raises(ValueError, match=r"Link.crossing_stretch must be in \[1, inf\], got 0.9"):
+        Link(1e9, crossing_stretch=(1.2, 0.9))
+    with pytest.raises(ValueError, match="Link.crossing_stretch must be a sequence of factors"):
+        Link(1e9, crossing_stretch=1.5)

@@ -13,7 +13,7 @@ import pytest
 from real.calibration.server_fit import fit_service
 from real.calibration.server_probe import measure_server
 from real.calibration.sharded_probe import measure_sharded
-from real.calibration.sharing_probe import DUPLEX_REPEATS, SHARING_OFFSETS, measure_sharing
+from real.calibration.sharing_probe import SHARING_OFFSETS, measure_sharing, turns
 from real.config import RunConfig
 from real.testbed import Testbed, TestbedConfig, run
 from real.testbed.namespaces import NETNS_ETC, namespaces
@@ -190,7 +190,7 @@ def test_the_sharing_probe_times_collisions_the_shaper_can_carry(tmp_path):
     link = {"bandwidth": 23.9e6, "alpha": 3e-4}  # the payload rate behind a 25 MB/s link (test above)
     burst = TestbedConfig(hosts=3, bandwidth="200Mbit/s").burst
     got = measure_sharing("200Mbit/s", tmp_path, link, burst, size, prefix=PREFIX, repeats=1)
-    trials = [t for t in got["trials"] if t["pattern"] != "across"]
+    trials = [t for t in got["trials"] if t["pattern"] in ("into", "out")]
     assert sorted({(t["pattern"], t["fraction"]) for t in trials}) == sorted(
         (p, f) for p in ("into", "out") for f in SHARING_OFFSETS)
     for t in trials:
@@ -200,8 +200,8 @@ def test_the_sharing_probe_times_collisions_the_shaper_can_carry(tmp_path):
     assert len(got["trial_weights"]) == len(trials)
     # A push and a reply crossing the host go opposite ways through different shapers, each of which
     # carries one of them: neither can beat its lone time through a 25 MB/s shaper, (n - b)/B.
-    crossing = [t for t in got["trials"] if t["pattern"] == "across"]
-    assert len(crossing) == DUPLEX_REPEATS and len(got["duplex_stretches"]) == len(crossing)
+    crossing = [t for t in got["trials"] if t["pattern"] == "turns"]
+    assert len(crossing) == turns(size / rate) and len(got["duplex_stretches"]) == len(crossing)
     for t in crossing:
         assert all(end - start >= (size - burst) / rate for start, end in zip(t["starts"], t["ends"])), t
     assert got["duplex_stretch"] > 0.9 and got["duplex_stretch_reply"] > 0.9

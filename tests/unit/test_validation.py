@@ -368,12 +368,12 @@ def test_sharing_fit_recovers_each_collisions_weight_their_mean_and_spread():
 
 def test_the_duplex_stretch_is_each_crossings_duration_over_a_lone_transfers_price():
     # Basis: syncsim prices a lone transfer of n bytes on a link with bucket b at alpha + (n - b)/B; a
-    # crossing whose push took exactly that has stretch 1, one that took 1.5x has 1.5, and the mean is
-    # over trials (the stalls are rare and long). No trials (a probe cached before it timed them): NaN.
+    # turn whose push took exactly that has stretch 1, one that took 1.5x has 1.5, one per trial (the
+    # sample the simulator draws from), their mean beside it. No trials: NaN and an empty sample.
     size, rate, alpha, burst = 400_000, 23e6, 300e-6, 25_000
     lone = alpha + (size - burst) / rate
     stretches, replies = [1.0, 1.5, 1.1, 1.0], [1.02, 1.0, 1.04, 1.0]
-    trials = [{"pattern": "across", "fraction": 0.0, "starts": [5.0 + i, 5.0 + i],
+    trials = [{"pattern": "turns", "fraction": 0.0, "starts": [5.0 + i, 5.0 + i],
                "ends": [5.0 + i + s * lone, 5.0 + i + r * lone]} for i, (s, r) in enumerate(zip(stretches, replies))]
     fit = fit_duplex(trials, rate, alpha, burst, size)
     np.testing.assert_allclose(fit["duplex_stretches"], stretches, rtol=1e-9)
