@@ -75,14 +75,16 @@ class Link:
     0 (the default): every collision splits alike. TCP flows of a few hundred kB through one shaper do
     not converge within a transfer; real.calibration.sharing_probe measures both values from colliding pairs."""
     crossing_stretch: tuple[float, ...] = ()
-    """How much longer a transfer into the link's host takes while the host itself is sending (the
-    parameter servers' NICs: a push arriving while the server answers another worker's pull), as a
-    measured sample of factors over the transfer's time on its own, one drawn at random for each such
-    transfer. On a TCP path whose two directions share one host's queue, the arriving transfer's
-    acknowledgements wait behind the host's outgoing data, and its sender, out of window, stalls now and
-    then for a good part of a transfer (real.calibration.sharing_probe times pushes and replies taking
-    turns). Empty (the default): the two directions are independent, as on a full-duplex link whose
-    acknowledgements never queue behind data."""
+    """How much longer a push into the link's host takes while the host itself is sending (the parameter
+    servers' NICs: a push arriving while the server answers another worker's pull): a measured sample of
+    factors over the push's time on its own, in the order they were measured. The pushes take them in
+    that order, from a start drawn from the run's seed (the testbed's stalls come in spells), each held
+    (factor - 1) times as long as the server sent while its bytes came in (syncsim.server). On a TCP
+    path whose two directions share one host's queues, the push's acknowledgements wait behind the
+    host's outgoing data (the likely cause), and its sender stalls now and then for a good part of a
+    transfer; the testbed's sharing probe samples the factors with two peers taking turns at a host
+    (real.calibration.sharing_probe). Empty (the default): the two directions are independent, as on
+    a full-duplex link whose acknowledgements never queue behind data."""
 
     def __post_init__(self) -> None:
         bandwidth = parse_bandwidth(self.bandwidth, "Link.bandwidth")

@@ -11,7 +11,8 @@ NIC is shared equally by the flows it receives (or, with a ``newcomer_weight`` o
 ``sharing_spread``, unequally: see syncsim.network; where the workers' own links
 have a bucket, a push arriving at a busy server NIC has its first bucketful
 served first: SharedLink's ``sender_burst``; and with a ``crossing_stretch``, a push that comes in
-while the server sends is held for a drawn factor of that overlap). For p simultaneous pushes one push therefore takes
+while the server sends is held for the sample's next factor of that overlap). For p simultaneous
+pushes one push therefore takes
 alpha + max(n/B_worker, p·n/(k·B_server)): the parameter server's bottleneck.
 
 Servers only react to arrivals, so they are modelled as these shared
@@ -30,7 +31,7 @@ from syncsim.recorder import Recorder
 __all__ = ["ServerGroup"]
 
 _IN, _OUT = 0x53525649, 0x5352564F  # seed-stream tags of the two directions ("SRVI", "SRVO")
-_CROSS = 0x53525658  # seed-stream tag of the crossing pushes' stretches ("SRVX")
+_CROSS = 0x53525658  # seed-stream tag of where the pushes start in the crossing stretches' sample ("SRVX")
 
 
 class ServerGroup:
@@ -58,9 +59,11 @@ class ServerGroup:
                                sender_burst=sender_burst, **shaping)  # type: ignore[arg-type]
         self.up = SharedLink(env, net.bandwidth, name="server-out", rng=np.random.default_rng([seed, _OUT]),
                              **shaping)  # type: ignore[arg-type]
-        # a push arriving while the server sends takes a factor drawn from this sample longer (Link.crossing_stretch)
+        # a push arriving while the server sends is held by the sample's next factor (Link.crossing_stretch): the
+        # pushes take them in the order they were measured, from a start drawn from the seed, because the
+        # testbed's stalls come in spells of two to four turns, which independent draws would scatter
         self.crossing = np.asarray(net.crossing_stretch, dtype=float)
-        self._cross_rng = np.random.default_rng([seed, _CROSS])
+        self._cross_at = int(np.random.default_rng([seed, _CROSS]).integers(max(1, self.crossing.size)))
         self.latency = float(net.latency)  # type: ignore[arg-type]
         self.service = float(cluster.server_service)  # type: ignore[arg-type]  # per push taken in, per pull answered
         self.recorder = recorder
@@ -75,7 +78,9 @@ class ServerGroup:
         moved = self.down.transfer(nbytes / self.k)
         if not self.crossing.size:
             return moved
-        return self.env.process(self._stretched(moved, float(self._cross_rng.choice(self.crossing))))
+        stretch = float(self.crossing[self._cross_at])
+        self._cross_at = (self._cross_at + 1) % self.crossing.size
+        return self.env.process(self._stretched(moved, stretch))
 
     def _stretched(self, moved: simpy.Event, stretch: float):
         """A push, held after its bytes are through (stretch − 1) times as long as the server sent while they

@@ -24,7 +24,7 @@ __all__ = ["SHARING_OFFSETS", "TURNS_TIME", "MIN_TURNS", "MAX_TURNS", "turns", "
 SHARING_OFFSETS = (0.0, 0.25, 0.5)
 # The peers then take turns at the host, pushing into it while it replies to the other, for as many turns as
 # TURNS_TIME holds (at least MIN_TURNS, at most MAX_TURNS): on the testbed at 50 Mbit/s most such pushes
-# took 5-10 % longer than a lone one and about one in four 15-65 ms longer, in spells of two to four
+# took 5-10 % longer than a lone one and about one in five 15-65 ms longer, in spells of two to four
 # turns (docs/log.md, "Taking turns"), so the sample must hold tens of stalls to give their share.
 TURNS_TIME, MIN_TURNS, MAX_TURNS = 10.0, 40, 100
 

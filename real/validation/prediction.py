@@ -18,11 +18,13 @@ __all__ = ["Prediction", "PREDICTION_SEEDS", "LONG_RUN", "MIN_STEPS", "SHORT_RUN
            "run_steps", "predict", "replayed_compute", "replay"]
 
 # A prediction pools this many simulations of its configuration, each with its own seed: the draws of
-# how colliding flows split a server's shaper (syncsim.network's sharing spread) and of compute jitter
-# make one simulation a sample, whose step time varied by up to 13 % from seed to seed on the default
-# grid (two SSP or asynchronous workers). The measured run is one sample; the prediction is the model's
-# expectation.
-PREDICTION_SEEDS = 8
+# how colliding flows split a server's shaper (syncsim.network's sharing spread), of where the pushes
+# start in the crossing stretches' sample (syncsim.server) and of compute jitter make one simulation a
+# sample, whose step time varied by up to 12 % from seed to seed on the default grid (two asynchronous
+# or SSP workers falling in and out of turns). The measured run is one sample; the prediction is the
+# model's expectation, which 32 seeds pin to about 2 % where 8 left 4 % (12 %/sqrt(n)): re-predicted
+# with 8, one grid's rows of such pairs moved by up to 8 % with nothing but the seeds' offset changed.
+PREDICTION_SEEDS = 32
 LONG_RUN, MIN_STEPS = 30.0, 20  # a run predicted to take longer than LONG_RUN seconds runs fewer steps
 SHORT_RUN, MAX_STEPS = 2.0, 4000  # one predicted shorter than SHORT_RUN seconds runs more (at most MAX_STEPS)
 

@@ -200,7 +200,7 @@ def test_the_server_s_time_per_request_is_a_time_and_not_negative():
 # Basis: Link.crossing_stretch's definition. A push of n bytes started d after the server began a
 # reply of n bytes on an idle link of rate B overlaps the reply for n/B - d (d < n/B), or not at all;
 # its bytes are through at d + n/B and it is held (s - 1) times that overlap more. A sample of one
-# factor s is drawn every time; with no sample the two directions are independent. One flow each way,
+# factor s gives s every time; with no sample the two directions are independent. One flow each way,
 # so a newcomer weight (the weighted link's path) changes nothing.
 @given(st.floats(1e4, 1e8), st.floats(1e6, 1e10), st.floats(1.0, 3.0), st.floats(0.0, 1.5), st.integers(1, 4),
        st.sampled_from([1.0, 2.0]))
@@ -238,3 +238,33 @@ def test_a_crossing_stretch_is_a_sample_of_factors_of_at_least_one():
         Link(1e9, crossing_stretch=(1.2, 0.9))
     with pytest.raises(ValueError, match="Link.crossing_stretch must be a sequence of factors"):
         Link(1e9, crossing_stretch=1.5)
+
+
+# Basis: Link.crossing_stretch's definition. Pushes take the sample's factors in its order, from a start
+# the seed draws, wrapping round: three pushes, each crossing a whole reply of its own size (overlap
+# n/B), are held (s_i - 1)·n/B for s_i consecutive in the sample, whatever the seed.
+@given(st.lists(st.floats(1.0, 3.0), min_size=1, max_size=5), st.integers(0, 10**6))
+def test_pushes_take_the_crossing_stretches_in_their_measured_order(sample, seed):
+    import simpy
+
+    from syncsim.recorder import Recorder
+    from syncsim.server import ServerGroup
+
+    n, bandwidth = 1e6, 1e8
+    cluster = Cluster.homogeneous(2, Link(1e15), servers=1, server_link=Link(bandwidth, crossing_stretch=sample))
+    env = simpy.Environment()
+    group = ServerGroup(env, cluster, Recorder(), state=None, seed=seed)
+    holds = []
+
+    def crossing(env, group):
+        for _ in range(3):
+            start = env.now
+            group.pull(n)
+            yield group.push(n)
+            holds.append((env.now - start) * bandwidth / n - 1)
+            yield env.timeout(1.0)  # both links idle again
+
+    env.process(crossing(env, group))
+    env.run()
+    rotations = [[sample[(first + i) % len(sample)] - 1 for i in range(3)] for first in range(len(sample))]
+    assert any(np.allclose(holds, rotation, rtol=1e-9, atol=1e-12) for rotation in rotations), (holds, sample)

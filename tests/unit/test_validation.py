@@ -51,7 +51,7 @@ FAKE_COMPUTE = {"compute_time": 2e-3, "jitter": 0.1, "backward_fraction": 0.6, "
 
 
 def EVEN_SHARING(*args, **kwargs) -> dict:  # noqa: N802  (a constant's stand-in: measure_sharing faked)
-    return {"weight": 1.0, "spread": 0.0, "duplex_stretch": math.nan}
+    return {"weight": 1.0, "spread": 0.0, "duplex_stretch": math.nan, "duplex_stretches": []}
 
 
 def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
