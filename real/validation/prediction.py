@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from syncsim.metrics import SteadyState
 
 __all__ = ["Prediction", "PREDICTION_SEEDS", "LONG_RUN", "MIN_STEPS", "SHORT_RUN", "MAX_STEPS", "as_run_on_gloo",
-           "run_steps", "predict", "replayed_compute", "replay"]
+           "run_steps", "predict", "replayed_compute", "replay", "DRAWN", "untailed", "predict_drawn"]
 
 # A prediction pools this many simulations of its configuration, each with its own seed: the draws of
 # how colliding flows split a server's shaper (syncsim.network's sharing spread), of where the pushes
@@ -120,3 +120,49 @@ def replay(cluster, workload, scheme, trace: pd.DataFrame, steps: int, world: in
     runs = [simulate(cluster, workload, scheme, steps=steps, seed=seed, compute_times=table)
             for seed in range(PREDICTION_SEEDS if drawn else 1)]
     return pooled_steady_state([run.steady for run in runs]).step_time
+
+
+# predict_drawn's diagnostics: the run's own compute phases as a distribution, with or without its tail.
+DRAWN = ("drawn", "drawn-untailed")
+# A phase over TAIL times its run's median is the tail: the small model's parameter-server workers at
+# 200 Mbit/s had 4-10 % of their phases there (5-12 ms against a median of 1.2 ms), the same runs at
+# 50 Mbit/s and 1 Gbit/s at most 1.3 %, and the lognormal of the probe's spread (a coefficient of
+# variation of 0.19) puts about one phase in 10^13 there.
+TAIL = 4.0
+WARMUP_STEPS = 2  # a run's first steps (the first pull, allocations) are not of its distribution
+
+
+def untailed(sample: np.ndarray) -> np.ndarray:
+    """``sample`` with every value over TAIL times its median replaced by the median."""
+    median = float(np.median(sample))
+    return np.where(sample > TAIL * median, median, sample)
+
+
+def predict_drawn(cluster, workload, scheme, trace: pd.DataFrame, steps: int, world: int,
+                  mode: str = "drawn") -> Prediction | None:
+    """A diagnostic prediction whose compute is each (step, worker)'s time drawn at random, independently,
+    from that worker's own compute phases in the measured run (replayed_compute after WARMUP_STEPS; with
+    ``mode="drawn-untailed"`` its tail replaced by the median) instead of the probe's lognormal, pooled
+    over PREDICTION_SEEDS seeds as predict pools them. Beside replay, which keeps the phases in the order
+    they ran, it tells whether a row's miss is in the compute's distribution alone. None when the trace
+    lacks a compute phase, and for a run that communicates nothing (as replay)."""
+    from syncsim import simulate
+    from syncsim.metrics import pooled_steady_state
+
+    if mode not in DRAWN:
+        raise ValueError(f"predict_drawn: mode must be one of {', '.join(DRAWN)}; got {mode!r}")
+    table = replayed_compute(trace, steps, world) if world > 1 or cluster.servers else None
+    if table is None or steps <= WARMUP_STEPS:
+        return None
+    samples = [table[WARMUP_STEPS:, worker] for worker in range(world)]  # a straggler stays one
+    if mode == "drawn-untailed":
+        samples = [untailed(sample) for sample in samples]
+
+    def drawn(seed: int) -> np.ndarray:
+        rng = np.random.default_rng([seed, steps])
+        return np.column_stack([rng.choice(sample, size=len(table)) for sample in samples])
+
+    runs = [simulate(cluster, workload, scheme, steps=steps, seed=seed, compute_times=drawn(seed))
+            for seed in range(PREDICTION_SEEDS)]
+    times = np.array([run.steady.step_time for run in runs])
+    return Prediction(pooled_steady_state([run.steady for run in runs]), float(times.std() / times.mean()))

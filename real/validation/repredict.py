@@ -8,6 +8,11 @@ recorded prediction, since those timings are not cached; so does a row whose cal
 lacks, or whose run's records (OUT/runs/NAME/trace.csv, updates.csv) are gone. The summary says how
 many rows each. Re-predicted rows are compared with their runs as the study compares them
 (real.validation.evaluation.compared), the measured figures read again from the kept records.
+
+``--compute drawn`` is a diagnostic instead: each row's compute is drawn at random from its own run's
+compute phases rather than from the probe's distribution (real.validation.prediction.predict_drawn), and
+``--compute drawn-untailed`` does the same with the phases' tail cut off; a row whose run communicates
+nothing or whose trace has no compute phase keeps its recorded prediction.
 """
 
 from __future__ import annotations
@@ -31,20 +36,23 @@ def _settings(frame: pd.DataFrame, configs: list[Config], out: Path) -> Settings
                     prefix="sstb", run_timeout=300.0, loss_steps=0, precisions=sent_precisions(configs))
 
 
-def repredict(frame: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, dict[str, int]]:
+def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe") -> tuple[pd.DataFrame, dict[str, int]]:
     """``frame`` (a study's validation.csv under ``out``) with each measured row's prediction redone from
     the cached calibration; and how many rows were re-predicted, kept (timed just before their run) and
-    not cached."""
+    not cached. With ``compute`` one of prediction.DRAWN, a diagnostic: each row's compute is drawn from
+    its run's own compute phases (prediction.predict_drawn), and a row whose trace has none is kept."""
     from real.calibration.cache import NotCached, offline
     from real.validation.calibration import calibrate
     from real.validation.evaluation import compared
     from real.validation.frame import derive
     from real.validation.measurement import read_steady
-    from real.validation.prediction import as_run_on_gloo, predict
+    from real.validation.prediction import DRAWN, as_run_on_gloo, predict, predict_drawn
     from real.validation.traffic import timed_gather, timed_size
     from real.validation.verdict import failed
     from syncsim import simulate
 
+    if compute != "probe" and compute not in DRAWN:
+        raise ValueError(f"repredict: compute must be probe, {' or '.join(DRAWN)}; got {compute!r}")
     frame = frame.copy()
     rows = frame[~failed(frame)]
     configs = [Config(r.scheme, int(r.world), r.bandwidth, r.model, float(r.slow)) for r in rows.itertuples()]
@@ -62,9 +70,16 @@ def repredict(frame: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, dict[str, i
         except (NotCached, FileNotFoundError):
             counts["not cached"] += 1
             continue
-        first = simulate(calibration.cluster, calibration.workload, as_run_on_gloo(config.scheme), steps=steps,
-                         seed=0)
-        prediction = predict(first)
+        scheme = as_run_on_gloo(config.scheme)
+        if compute == "probe":
+            prediction = predict(simulate(calibration.cluster, calibration.workload, scheme, steps=steps, seed=0))
+        else:
+            trace = pd.read_csv(out / "runs" / config.name / "trace.csv")
+            prediction = predict_drawn(calibration.cluster, calibration.workload, scheme, trace, steps, config.world,
+                                       compute)
+            if prediction is None:
+                counts["kept"] += 1
+                continue
         figures = compared(prediction.steady, measured) | {"predicted_seed_cv": prediction.seed_cv}
         frame.loc[i, list(figures)] = list(figures.values())
         counts["repredicted"] += 1
@@ -72,23 +87,30 @@ def repredict(frame: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, dict[str, i
 
 
 def main(argv: list[str] | None = None) -> int:
+    from real.validation.prediction import DRAWN, TAIL
     from real.validation.summary import summary_lines
     from syncsim.arguments import ArgumentParser
 
     ap = ArgumentParser(prog="python -m real.validation.repredict", description=__doc__.splitlines()[0])
     ap.add_argument("out", help="a finished study's folder (its validation.csv and calibration/)")
+    ap.add_argument("--compute", choices=("probe",) + DRAWN, default="probe",
+                    help="probe: the prediction as the study makes it (default); drawn: a diagnostic, each "
+                         "row's compute drawn from its run's own compute phases; drawn-untailed: the same "
+                         f"with phases over {TAIL:g} times their median replaced by the median")
     args = ap.parse_args(argv)
     out = Path(args.out)
     if not (out / "validation.csv").is_file():
         ap.error(f"out: {out / 'validation.csv'} does not exist (run python -m studies.validation --out {out})")
-    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out)
-    frame.to_csv(out / "repredicted.csv", index=False)
+    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out, args.compute)
+    written = out / ("repredicted.csv" if args.compute == "probe" else f"repredicted-{args.compute}.csv")
+    frame.to_csv(written, index=False)
     print(f"re-predicted {counts['repredicted']} rows from {out / 'calibration'}; {counts['kept']} kept their "
-          f"recorded prediction (their calibration timed the run's own collectives just before it), "
+          f"recorded prediction (their calibration timed the run's own collectives just before it, or, with "
+          f"--compute drawn, their run has no compute phase of its own), "
           f"{counts['not cached']} not cached")
     for line in summary_lines(frame):
         print(line)
-    print(f"wrote {out / 'repredicted.csv'}")
+    print(f"wrote {written}")
     return 0
 
 

@@ -3,6 +3,7 @@ with nothing measured."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -98,9 +99,84 @@ def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(m
     for i in (1, 2):  # kept as recorded
         assert got.loc[i, "predicted_step_time"] == frame.loc[i, "predicted_step_time"]
     assert got.loc[0, "rel_error"] == pytest.approx(want.step_time / frame.loc[0, "measured_step_time"] - 1)
+    # The diagnostic: the asynchronous row predicted with compute drawn from its run's own phases, which
+    # are made three times as long as the calibration's compute so that the two predictions differ.
+    from real.validation.prediction import predict_drawn
+
+    path = tmp_path / "runs" / async_ps.name / "trace.csv"
+    trace = pd.read_csv(path)
+    computes = trace["kind"] == "compute"
+    trace.loc[computes, "end"] += 2 * (trace.loc[computes, "end"] - trace.loc[computes, "start"])
+    trace.to_csv(path, index=False)
+    got, counts = repredict(frame, tmp_path, compute="drawn")
+    assert counts == {"repredicted": 1, "kept": 1, "not cached": 1}
+    drawn = predict_drawn(cluster, workload, as_run_on_gloo(async_ps.scheme), trace, steps, 2).steady
+    assert got.loc[0, "predicted_step_time"] == pytest.approx(drawn.step_time, rel=1e-12)
+    assert drawn.step_time != pytest.approx(want.step_time, rel=1e-3)
 
 
 def test_the_command_names_a_folder_without_a_study(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "nothing")])
     assert "validation.csv does not exist" in capsys.readouterr().err
+
+
+def test_untailed_replaces_only_what_is_over_four_times_the_median():
+    # Closed form: the sample's median is 1.0; 4.0 is not over TAIL times it (kept), 4.5 and 9 are.
+    from real.validation.prediction import TAIL, untailed
+
+    sample = np.array([1.0, 0.5, 1.0, 4.0, 4.5, 1.0, 9.0])
+    assert TAIL == 4.0
+    assert untailed(sample).tolist() == [1.0, 0.5, 1.0, 4.0, 1.0, 1.0, 1.0]
+
+
+def _one_server_run(steps: int, tail_every: int = 0):
+    """A simulated one-worker parameter server (no collisions, so every phase alike) and its trace, with
+    every ``tail_every``-th compute phase after the warm-up made ten times as long."""
+    cluster = Cluster.homogeneous(gpus=1, link=Link("50Mbit/s", "100us"), servers=1,
+                                  server_link=Link("50Mbit/s", "100us"), name="testbed")
+    workload = Workload(param_bytes=4e5, compute_time=2e-3, batch_size=32, name="mlp")
+    trace = simulate(cluster, workload, as_run_on_gloo("ps"), steps=steps).trace.copy()
+    if tail_every:
+        long = (trace["kind"] == "compute") & (trace["step"] >= 2) & (trace["step"] % tail_every == 0)
+        trace.loc[long, "end"] += 9 * (trace.loc[long, "end"] - trace.loc[long, "start"])
+    return cluster, workload, trace
+
+
+def test_compute_drawn_from_a_run_of_equal_phases_is_that_run_replayed():
+    # Basis: drawing independently from a sample whose values are all equal gives that value everywhere,
+    # so predict_drawn must give what replay gives with the run's own (equal) phases in their order.
+    from real.validation.prediction import predict_drawn, replay, replayed_compute
+
+    steps = 40
+    cluster, workload, trace = _one_server_run(steps)
+    phases = replayed_compute(trace, steps, 1)[2:]
+    assert np.ptp(phases) < 1e-12  # the premise: every phase after the warm-up alike
+    drawn = predict_drawn(cluster, workload, as_run_on_gloo("ps"), trace, steps, 1)
+    assert drawn.steady.step_time == pytest.approx(replay(cluster, workload, as_run_on_gloo("ps"), trace, steps, 1),
+                                                   rel=1e-9)
+
+
+def test_a_runs_tail_slows_the_drawn_prediction_and_untailed_removes_it():
+    # Steps 5, 10, ..., 35 of the 38 after the warm-up have compute ten times as long (7 of 38): a one-
+    # worker synchronous server adds its compute to every step, so drawn from that sample a step is on
+    # average 7/38 * 9 * compute_time longer than drawn from the clean run's (32 seeds of 40 steps pin
+    # the drawn share to within about 6 %); with the tail (over four times the median) replaced by the
+    # median it is the clean one exactly.
+    from real.validation.prediction import predict_drawn
+
+    steps, scheme = 40, as_run_on_gloo("ps")
+    cluster, workload, clean = _one_server_run(steps)
+    _, _, tailed = _one_server_run(steps, tail_every=5)
+    base = predict_drawn(cluster, workload, scheme, clean, steps, 1).steady.step_time
+    slower = predict_drawn(cluster, workload, scheme, tailed, steps, 1).steady.step_time - base
+    assert slower == pytest.approx(7 / 38 * 9 * workload.compute_time, rel=0.15)
+    cut = predict_drawn(cluster, workload, scheme, tailed, steps, 1, mode="drawn-untailed")
+    assert cut.steady.step_time == pytest.approx(base, rel=1e-9)
+    with pytest.raises(ValueError, match="mode must be one of drawn, drawn-untailed; got 'sorted'"):
+        predict_drawn(cluster, workload, scheme, clean, steps, 1, mode="sorted")
+
+
+def test_repredict_names_its_compute_choices(tmp_path):
+    with pytest.raises(ValueError, match="compute must be probe, drawn or drawn-untailed; got 'own'"):
+        repredict(pd.DataFrame(), tmp_path, compute="own")
