@@ -108,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
           f"recorded prediction (their calibration timed the run's own collectives just before it, or, with "
           f"--compute drawn, their run has no compute phase of its own), "
           f"{counts['not cached']} not cached")
-    for line in summary_lines(frame):
+    why = ("these rows were predicted again from a finished study's runs; only the study, which times its "
+           "machine first, judges its targets" if args.compute == "probe" else
+           "a diagnostic that gives each row its run's own compute, not a prediction")
+    for line in summary_lines(frame, not_judged=why):
         print(line)
     print(f"wrote {written}")
     return 0

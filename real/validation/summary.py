@@ -15,18 +15,18 @@ __all__ = ["summary_lines"]
 
 
 def summary_lines(frame: pd.DataFrame, steadiness=None, default_keys: set | None = None,
-                  wall_seconds: float | None = None) -> list[str]:
+                  wall_seconds: float | None = None, not_judged: str | None = None) -> list[str]:
     """The study's figures: step time, speedup and staleness errors, and the three worst configurations;
     with ``steadiness`` (real.testbed.steadiness.Steadiness, timed at the study's start), how steady the
     machine's own speed was: the floor under every row's error that no model removes. Then the verdict on
     the targets (real.validation.verdict), which ``steadiness``, ``default_keys`` (the full default grid's
-    configurations) and ``wall_seconds`` (the grid's wall time) decide whether the run can give, and
-    the errors by scheme and link rate."""
+    configurations) and ``wall_seconds`` (the grid's wall time) decide whether the run can give (or
+    ``not_judged`` withholds, saying why), and the errors by scheme and link rate."""
     ok = frame[~failed(frame)]
     lines = _error_lines(ok) + _drift_lines(ok, steadiness) + _diagnostic_lines(ok) + _worst_lines(ok)
     if failed(frame).any():
         lines.append(f"{int(failed(frame).sum())} configurations failed (their rows say why)")
-    lines += verdict_lines(frame, steadiness, default_keys, KEY, wall_seconds)
+    lines += verdict_lines(frame, steadiness, default_keys, KEY, wall_seconds, not_judged)
     table = error_table(frame)
     if table:
         lines += ["step time |error| by scheme and link rate (median / max (rows)):"] + table

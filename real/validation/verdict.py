@@ -116,13 +116,14 @@ def _sign_line(frame: pd.DataFrame) -> tuple[bool, str]:
 
 
 def verdict_lines(frame: pd.DataFrame, steadiness, default_keys: set | None = None, key: tuple[str, ...] = (),
-                  wall_seconds: float | None = None) -> list[str]:
+                  wall_seconds: float | None = None, not_judged: str | None = None) -> list[str]:
     """The verdict: one line per target with its value and bound, met or missed, and a closing count; or,
     when the run cannot judge them (judgeable), the figures against the bounds and why there is no verdict.
     ``frame`` holds the grid's rows, failed ones too (judgeable counts them); ``default_keys`` and ``key``
-    as judgeable takes them; ``wall_seconds`` the grid's wall time, or None when unknown."""
+    as judgeable takes them; ``wall_seconds`` the grid's wall time, or None when unknown. ``not_judged``,
+    a sentence, withholds the verdict whatever the run: the caller's figures are not a run's own."""
     ok = frame[~failed(frame)]
-    why = judgeable(frame, steadiness, default_keys, key)
+    why = not_judged or judgeable(frame, steadiness, default_keys, key)
     checks = []
     for target in TARGETS:
         value = target.value(ok)

@@ -92,6 +92,16 @@ def test_one_signed_misses_are_judged_a_bias_and_an_unsteady_run_gives_figures_w
     assert "  step time max |error| 15.0% (bound 15%)" in unsteady
 
 
+def test_a_caller_can_withhold_the_verdict_of_a_steady_run_saying_why():
+    # A re-prediction of a steady run's rows is not that run's own figures: the verdict is withheld with
+    # the caller's reason, the figures still shown against their bounds.
+    frame = _frame([0.01, -0.02, 0.03, -0.12, 0.20])
+    lines = verdict.verdict_lines(frame, STEADY, not_judged="re-predicted")
+    assert lines[0] == "targets: not judged: re-predicted"
+    assert "  step time max |error| 20.0% (bound 15%)" in lines
+    assert not any("MISSED" in line or line.startswith("  met") for line in lines)
+
+
 def test_the_results_table_gives_each_scheme_and_link_its_median_max_and_rows():
     frame = pd.DataFrame([
         {"scheme": "ps", "bandwidth": "1Gbit/s", "rel_error": -0.10, "error": ""},
