@@ -1,0 +1,202 @@
+"""Whether traffic through the testbed's shapers slows or preempts a rank's compute: one process times a
+training step back to back inside a testbed host while two saturating TCP flows cross the links, with no
+model in the traffic.
+
+The flows stand for a parameter server's: host 1 sends to host 0 (a push) and host 0 to host 2 (a pull),
+both as fast as their shapers let them; the timed process runs in host 1, as a worker does. Each rate's
+line gives the step's median, its 99th percentile, and the share of steps over TAIL times the median (the
+tail that knocks two asynchronous workers out of turn; real.validation.prediction.TAIL), with the rate
+the flows carried, so a line whose traffic did not flow shows it. ``python -m real.testbed.preemption``
+(as root) prints one line per rate, without traffic first and last.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["TrafficTiming", "time_under_traffic", "tail_share", "main"]
+
+TAIL = 4.0  # as real.validation.prediction.TAIL (a testbed module may not import the validation's)
+PORTS = (5301, 5302)
+WARM_STEPS = 50  # allocator and autograd caches
+SETTLE = 1.0  # seconds for the flows to fill their shapers before the timing starts
+
+
+def tail_share(step_times, factor: float = TAIL) -> float:
+    """The share of ``step_times`` over ``factor`` times their median."""
+    times = np.asarray(step_times, dtype=float)
+    return float(np.mean(times > factor * np.median(times)))
+
+
+@dataclass(frozen=True)
+class TrafficTiming:
+    """One rate's timing: ``rate`` (None: no traffic), the steps' times (seconds) and the bytes per
+    second the two flows carried together while the steps were timed."""
+
+    rate: str | None
+    step_times: tuple[float, ...]
+    carried: float
+
+    def line(self) -> str:
+        times = np.asarray(self.step_times)
+        label = self.rate or "no traffic"
+        flows = f", the flows carried {self.carried * 8 / 1e6:.0f} Mbit/s" if self.rate else ""
+        return (f"{label}: {len(times)} steps, median {np.median(times) * 1e3:.3f} ms, p99 "
+                f"{np.percentile(times, 99) * 1e3:.2f} ms, max {times.max() * 1e3:.1f} ms, over {TAIL:g}x the "
+                f"median {tail_share(times):.2%}{flows}")
+
+
+def time_under_traffic(rate: str | None, seconds: float, model: str = "mlp", batch_size: int = 32,
+                       prefix: str = "sstp") -> TrafficTiming:
+    """``model``'s training step timed back to back for ``seconds`` in host 1 of a three-host testbed at
+    ``rate`` (a bandwidth string), while host 1 sends to host 0 and host 0 to host 2 as fast as the
+    shapers let them; with ``rate`` None the same hosts (at 1 Gbit/s) carry nothing."""
+    from real.testbed import Testbed
+
+    me = [sys.executable, "-m", "real.testbed.preemption"]
+    with Testbed(hosts=3, bandwidth=rate or "1Gbit/s", prefix=prefix) as testbed:
+        sinks, sources = [], []
+        if rate:
+            listen = seconds + SETTLE + 30  # the sinks outlive the timing; they are told when to stop
+            sinks = [testbed.popen(host, me + ["_sink", str(port), str(listen)], stdout=subprocess.PIPE, text=True)
+                     for host, port in ((0, PORTS[0]), (2, PORTS[1]))]
+            time.sleep(0.3)
+            sources = [testbed.popen(src, me + ["_source", testbed.ips[dst], str(port)])
+                       for src, dst, port in ((1, 0, PORTS[0]), (0, 2, PORTS[1]))]
+            time.sleep(SETTLE)
+        try:
+            timer = testbed.run(1, me + ["_timer", model, str(batch_size), str(seconds)], timeout=seconds + 120,
+                                capture_output=True, text=True, check=True)
+        finally:
+            for process in sources:
+                process.kill()
+                process.wait()
+        result = json.loads(timer.stdout)
+        carried = 0.0
+        for sink in sinks:
+            sink.terminate()
+            out, _ = sink.communicate(timeout=30)
+            carried += _carried(json.loads(out.splitlines()[-1]), result["start"], result["end"])
+    return TrafficTiming(rate, tuple(result["times"]), carried)
+
+
+def _carried(log: list[list[float]], start: float, end: float) -> float:
+    """Bytes per second a sink received between ``start`` and ``end`` (time.time()), from its log of
+    (time, bytes so far) pairs."""
+    stamps = np.array(log, dtype=float).reshape(-1, 2)
+    inside = stamps[(stamps[:, 0] >= start) & (stamps[:, 0] <= end)]
+    if len(inside) < 2:
+        return 0.0
+    return float((inside[-1, 1] - inside[0, 1]) / (inside[-1, 0] - inside[0, 0]))
+
+
+def _sink(port: int, seconds: float) -> None:
+    """Accept one connection, read it until it ends, ``seconds`` pass or SIGTERM comes; print a JSON log
+    of (time, bytes so far), about ten entries a second."""
+    import signal
+    import socket
+
+    log: list[list[float]] = []
+    signal.signal(signal.SIGTERM, lambda *_: (print(json.dumps(log), flush=True), sys.exit(0)))
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", port))
+    server.listen(1)
+    server.settimeout(seconds)
+    connection, _ = server.accept()
+    buffer, total, end, last = bytearray(1 << 20), 0, time.time() + seconds, 0.0
+    while time.time() < end:
+        got = connection.recv_into(buffer)
+        if not got:
+            break
+        total += got
+        now = time.time()
+        if now - last >= 0.1:
+            log.append([now, total])
+            last = now
+    print(json.dumps(log), flush=True)
+
+
+def _source(host: str, port: int) -> None:
+    """Connect to ``host``:``port`` and send until killed."""
+    import socket
+
+    for _ in range(100):
+        try:
+            connection = socket.create_connection((host, port))
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        raise SystemExit(f"real.testbed.preemption: could not connect to {host}:{port}")
+    data = bytes(1 << 20)
+    while True:
+        connection.sendall(data)
+
+
+def _timer(model: str, batch_size: int, seconds: float) -> None:
+    """Time ``model``'s training step (one torch thread, one fixed batch, as real.testbed.steadiness)
+    back to back for ``seconds``; print the times and the wall-clock start and end as JSON."""
+    import torch
+
+    from real.data import load
+    from real.models import build
+
+    torch.set_num_threads(1)
+    net = build(model, 0)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    images, labels = load("synthetic", 0).batch(0, 0, 1, batch_size)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(net(images), labels).backward()
+        optimizer.step()
+
+    for _ in range(WARM_STEPS):
+        step()
+    times, start = [], time.time()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        began = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - began)
+    print(json.dumps({"times": times, "start": start, "end": time.time()}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from real.models import MODELS
+    from syncsim.arguments import ArgumentParser, number
+    from syncsim.units import parse_bandwidth
+
+    argv = sys.argv[1:] if argv is None else argv
+    roles = {"_sink": lambda a: _sink(int(a[0]), float(a[1])), "_source": lambda a: _source(a[0], int(a[1])),
+             "_timer": lambda a: _timer(a[0], int(a[1]), float(a[2]))}
+    if argv and argv[0] in roles:  # the processes this command starts in the testbed's hosts
+        roles[argv[0]](argv[1:])
+        return 0
+    ap = ArgumentParser(prog="python -m real.testbed.preemption", description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", default="50Mbit/s,200Mbit/s,1Gbit/s", help="comma-separated link rates")
+    ap.add_argument("--seconds", type=number, default=12.0, help="how long to time each rate")
+    ap.add_argument("--model", default="mlp", choices=sorted(MODELS), help="real.models name to train")
+    args = ap.parse_args(argv)
+    rates = [rate.strip() for rate in args.rates.split(",") if rate.strip()]
+    try:
+        for rate in rates:
+            parse_bandwidth(rate, "--rates")
+        if not 2 <= args.seconds <= 600:
+            raise ValueError(f"--seconds must be between 2 and 600, got {args.seconds:g}")
+    except ValueError as err:
+        ap.error(str(err))
+    for rate in [None, *rates, None]:
+        print(f"real.testbed.preemption: {time_under_traffic(rate, args.seconds, args.model).line()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
