@@ -1,17 +1,21 @@
-"""Whether traffic through the testbed's shapers slows or preempts a rank's compute: one process times a
-training step back to back inside a testbed host while two saturating TCP flows cross the links, with no
-model in the traffic.
+"""What slows or preempts a rank's compute on this machine: one process times a training step back to
+back inside a testbed host while two saturating TCP flows cross the links (no model in the traffic), and
+beside processes that only keep a core busy (no model, no network).
 
 The flows stand for a parameter server's: host 1 sends to host 0 (a push) and host 0 to host 2 (a pull),
 both as fast as their shapers let them; the timed process runs in host 1, as a worker does. Each rate's
 line gives the step's median, its 99th percentile, and the share of steps over TAIL times the median (the
 tail that knocks two asynchronous workers out of turn; real.validation.prediction.TAIL), with the rate
-the flows carried, so a line whose traffic did not flow shows it. ``python -m real.testbed.preemption``
-(as root) prints one line per rate, without traffic first and last.
+the flows carried, so a line whose traffic did not flow shows it. Busy processes stand for a run's other
+processes (the server's threads, the other workers) wanting the cores while a worker computes: with two
+of them, three processes want two cores and the scheduler hands each out in slices of milliseconds.
+``python -m real.testbed.preemption`` (as root) prints one line per rate, without traffic first and last,
+then one per number of busy processes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TrafficTiming", "time_under_traffic", "tail_share", "main"]
+__all__ = ["StepTiming", "time_under_traffic", "time_beside_busy", "tail_share", "main"]
 
 TAIL = 4.0  # as real.validation.prediction.TAIL (a testbed module may not import the validation's)
 PORTS = (5301, 5302)
@@ -35,25 +39,24 @@ def tail_share(step_times, factor: float = TAIL) -> float:
 
 
 @dataclass(frozen=True)
-class TrafficTiming:
-    """One rate's timing: ``rate`` (None: no traffic), the steps' times (seconds) and the bytes per
-    second the two flows carried together while the steps were timed."""
+class StepTiming:
+    """One condition's timing: its ``label`` (a rate, "no traffic", "2 busy processes"), the steps' times
+    (seconds) and, where flows ran, the bytes per second they carried together while the steps were timed."""
 
-    rate: str | None
+    label: str
     step_times: tuple[float, ...]
-    carried: float
+    carried: float | None = None
 
     def line(self) -> str:
         times = np.asarray(self.step_times)
-        label = self.rate or "no traffic"
-        flows = f", the flows carried {self.carried * 8 / 1e6:.0f} Mbit/s" if self.rate else ""
-        return (f"{label}: {len(times)} steps, median {np.median(times) * 1e3:.3f} ms, p99 "
+        flows = "" if self.carried is None else f", the flows carried {self.carried * 8 / 1e6:.0f} Mbit/s"
+        return (f"{self.label}: {len(times)} steps, median {np.median(times) * 1e3:.3f} ms, p99 "
                 f"{np.percentile(times, 99) * 1e3:.2f} ms, max {times.max() * 1e3:.1f} ms, over {TAIL:g}x the "
                 f"median {tail_share(times):.2%}{flows}")
 
 
 def time_under_traffic(rate: str | None, seconds: float, model: str = "mlp", batch_size: int = 32,
-                       prefix: str = "sstp") -> TrafficTiming:
+                       prefix: str = "sstp") -> StepTiming:
     """``model``'s training step timed back to back for ``seconds`` in host 1 of a three-host testbed at
     ``rate`` (a bandwidth string), while host 1 sends to host 0 and host 0 to host 2 as fast as the
     shapers let them; with ``rate`` None the same hosts (at 1 Gbit/s) carry nothing."""
@@ -83,7 +86,24 @@ def time_under_traffic(rate: str | None, seconds: float, model: str = "mlp", bat
             sink.terminate()
             out, _ = sink.communicate(timeout=30)
             carried += _carried(json.loads(out.splitlines()[-1]), result["start"], result["end"])
-    return TrafficTiming(rate, tuple(result["times"]), carried)
+    times = tuple(result["times"])
+    return StepTiming(rate, times, carried) if rate else StepTiming("no traffic", times)
+
+
+def time_beside_busy(competitors: int, seconds: float, model: str = "mlp", batch_size: int = 32) -> StepTiming:
+    """``model``'s training step timed back to back for ``seconds`` while ``competitors`` processes spin
+    (a Python loop each: no model, no network), all on this machine's cores."""
+    me = [sys.executable, "-m", "real.testbed.preemption"]
+    busy = [subprocess.Popen(me + ["_busy"]) for _ in range(competitors)]
+    try:
+        timer = subprocess.run(me + ["_timer", model, str(batch_size), str(seconds)], timeout=seconds + 120,
+                               capture_output=True, text=True, check=True)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    label = f"{competitors} busy process{'' if competitors == 1 else 'es'} beside it"
+    return StepTiming(label, tuple(json.loads(timer.stdout)["times"]))
 
 
 def _carried(log: list[list[float]], start: float, end: float) -> float:
@@ -140,6 +160,12 @@ def _source(host: str, port: int) -> None:
         connection.sendall(data)
 
 
+def _busy() -> None:
+    """Keep one core busy until killed."""
+    while True:
+        pass
+
+
 def _timer(model: str, batch_size: int, seconds: float) -> None:
     """Time ``model``'s training step (one torch thread, one fixed batch, as real.testbed.steadiness)
     back to back for ``seconds``; print the times and the wall-clock start and end as JSON."""
@@ -171,30 +197,34 @@ def _timer(model: str, batch_size: int, seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from real.models import MODELS
-    from syncsim.arguments import ArgumentParser, number
+    from syncsim.arguments import ArgumentParser, check_count, integer, number
     from syncsim.units import parse_bandwidth
 
     argv = sys.argv[1:] if argv is None else argv
     roles = {"_sink": lambda a: _sink(int(a[0]), float(a[1])), "_source": lambda a: _source(a[0], int(a[1])),
-             "_timer": lambda a: _timer(a[0], int(a[1]), float(a[2]))}
+             "_timer": lambda a: _timer(a[0], int(a[1]), float(a[2])), "_busy": lambda a: _busy()}
     if argv and argv[0] in roles:  # the processes this command starts in the testbed's hosts
         roles[argv[0]](argv[1:])
         return 0
     ap = ArgumentParser(prog="python -m real.testbed.preemption", description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="50Mbit/s,200Mbit/s,1Gbit/s", help="comma-separated link rates")
-    ap.add_argument("--seconds", type=number, default=12.0, help="how long to time each rate")
+    ap.add_argument("--competitors", default="1,2", help="comma-separated numbers of busy processes")
+    ap.add_argument("--seconds", type=number, default=12.0, help="how long to time each condition")
     ap.add_argument("--model", default="mlp", choices=sorted(MODELS), help="real.models name to train")
     args = ap.parse_args(argv)
     rates = [rate.strip() for rate in args.rates.split(",") if rate.strip()]
     try:
         for rate in rates:
             parse_bandwidth(rate, "--rates")
+        counts = [check_count("--competitors", integer(n), 0, 8) for n in args.competitors.split(",") if n.strip()]
         if not 2 <= args.seconds <= 600:
             raise ValueError(f"--seconds must be between 2 and 600, got {args.seconds:g}")
-    except ValueError as err:
-        ap.error(str(err))
+    except (ValueError, argparse.ArgumentTypeError) as err:
+        ap.error(f"--competitors: {err}" if isinstance(err, argparse.ArgumentTypeError) else str(err))
     for rate in [None, *rates, None]:
         print(f"real.testbed.preemption: {time_under_traffic(rate, args.seconds, args.model).line()}", flush=True)
+    for count in counts:
+        print(f"real.testbed.preemption: {time_beside_busy(count, args.seconds, args.model).line()}", flush=True)
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from real.testbed.preemption import TrafficTiming, _carried, main, tail_share, time_under_traffic
+from real.testbed.preemption import StepTiming, _carried, main, tail_share, time_beside_busy, time_under_traffic
 
 
 def test_tail_share_counts_steps_over_four_times_the_median():
@@ -21,15 +21,37 @@ def test_carried_is_the_bytes_a_sink_logged_inside_the_timing_over_its_time():
 
 
 def test_the_line_names_the_rate_and_what_the_flows_carried():
-    timing = TrafficTiming("200Mbit/s", (1e-3,) * 9 + (5e-3,), 4.5e7)
+    timing = StepTiming("200Mbit/s", (1e-3,) * 9 + (5e-3,), 4.5e7)
     assert timing.line() == ("200Mbit/s: 10 steps, median 1.000 ms, p99 4.64 ms, max 5.0 ms, over 4x the median "
                              "10.00%, the flows carried 360 Mbit/s")
-    assert TrafficTiming(None, (1e-3,) * 4, 0.0).line().startswith("no traffic: 4 steps")
+    assert StepTiming("no traffic", (1e-3,) * 4).line() == ("no traffic: 4 steps, median 1.000 ms, p99 1.00 ms, "
+                                                            "max 1.0 ms, over 4x the median 0.00%")
+
+
+def test_busy_processes_run_beside_the_timed_step_and_are_gone_after(monkeypatch):
+    # The busy processes are started before the timer and killed after it, whatever the timer does.
+    import subprocess
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    timing = time_beside_busy(2, 2.0)
+    assert timing.label == "2 busy processes beside it" and len(timing.step_times) > 50
+    assert timing.carried is None
+    busy = [p for p in started if p.args[-1] == "_busy"]
+    assert len(busy) == 2 and all(p.returncode is not None for p in busy)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--seconds", "1"], "--seconds must be between 2 and 600, got 1"),
     (["--rates", "fast"], "--rates"),
+    (["--competitors", "1,9"], "--competitors must be between 0 and 8, got 9"),
+    (["--competitors", "two"], "--competitors: not an integer: 'two'"),
 ])
 def test_the_command_refuses_bad_input_naming_the_option(argv, message, capsys):
     with pytest.raises(SystemExit):
