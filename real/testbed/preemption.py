@@ -76,6 +76,11 @@ def time_under_traffic(rate: str | None, seconds: float, model: str = "mlp", bat
         try:
             timer = testbed.run(1, me + ["_timer", model, str(batch_size), str(seconds)], timeout=seconds + 120,
                                 capture_output=True, text=True, check=True)
+        except BaseException:
+            for process in sinks:  # nothing to read: no sink outlives its namespace
+                process.kill()
+                process.wait()
+            raise
         finally:
             for process in sources:
                 process.kill()
