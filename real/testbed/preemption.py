@@ -5,8 +5,8 @@ beside processes that only keep a core busy (no model, no network).
 The flows stand for a parameter server's: host 1 sends to host 0 (a push) and host 0 to host 2 (a pull),
 both as fast as their shapers let them; the timed process runs in host 1, as a worker does. Each rate's
 line gives the step's median, its 99th percentile, and the share of steps over TAIL times the median (the
-tail that knocks two asynchronous workers out of turn; real.validation.prediction.TAIL), with the rate
-the flows carried, so a line whose traffic did not flow shows it. Busy processes stand for a run's other
+tail that knocks two asynchronous workers out of turn, the one real.validation.prediction cuts), with the
+rate the flows carried, so a line whose traffic did not flow shows it. Busy processes stand for a run's other
 processes (the server's threads, the other workers) wanting the cores while a worker computes: with two
 of them, three processes want two cores and the scheduler hands each out in slices of milliseconds.
 ``python -m real.testbed.preemption`` (as root) prints one line per rate, without traffic first and last,
@@ -24,18 +24,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StepTiming", "time_under_traffic", "time_beside_busy", "tail_share", "main"]
+__all__ = ["StepTiming", "time_under_traffic", "time_beside_busy", "TAIL", "in_tail", "tail_share", "main"]
 
-TAIL = 4.0  # as real.validation.prediction.TAIL (a testbed module may not import the validation's)
+# A step over TAIL times its median is in the tail: the small model's parameter-server workers at
+# 200 Mbit/s had 4-10 % of their compute phases there (5-12 ms against a median of 1.2 ms), the same runs
+# at 50 Mbit/s and 1 Gbit/s at most 1.3 %, and the lognormal of the compute probe's spread (a coefficient
+# of variation of 0.19) puts about one phase in 10^13 there.
+TAIL = 4.0
 PORTS = (5301, 5302)
 WARM_STEPS = 50  # allocator and autograd caches
 SETTLE = 1.0  # seconds for the flows to fill their shapers before the timing starts
 
 
-def tail_share(step_times, factor: float = TAIL) -> float:
-    """The share of ``step_times`` over ``factor`` times their median."""
-    times = np.asarray(step_times, dtype=float)
-    return float(np.mean(times > factor * np.median(times)))
+def in_tail(times) -> np.ndarray:
+    """Which of ``times`` lie over TAIL times their median."""
+    times = np.asarray(times, dtype=float)
+    return times > TAIL * np.median(times)
+
+
+def tail_share(step_times) -> float:
+    """The share of ``step_times`` over TAIL times their median."""
+    return float(np.mean(in_tail(step_times)))
+
+
+def _role(name: str, *args) -> list[str]:
+    """The command that runs this module as one of the processes it starts (main's ``roles``)."""
+    return [sys.executable, "-m", "real.testbed.preemption", name, *map(str, args)]
 
 
 @dataclass(frozen=True)
@@ -62,19 +76,18 @@ def time_under_traffic(rate: str | None, seconds: float, model: str = "mlp", bat
     shapers let them; with ``rate`` None the same hosts (at 1 Gbit/s) carry nothing."""
     from real.testbed import Testbed
 
-    me = [sys.executable, "-m", "real.testbed.preemption"]
     with Testbed(hosts=3, bandwidth=rate or "1Gbit/s", prefix=prefix) as testbed:
         sinks, sources = [], []
         if rate:
             listen = seconds + SETTLE + 30  # the sinks outlive the timing; they are told when to stop
-            sinks = [testbed.popen(host, me + ["_sink", str(port), str(listen)], stdout=subprocess.PIPE, text=True)
+            sinks = [testbed.popen(host, _role("_sink", port, listen), stdout=subprocess.PIPE, text=True)
                      for host, port in ((0, PORTS[0]), (2, PORTS[1]))]
             time.sleep(0.3)
-            sources = [testbed.popen(src, me + ["_source", testbed.ips[dst], str(port)])
+            sources = [testbed.popen(src, _role("_source", testbed.ips[dst], port))
                        for src, dst, port in ((1, 0, PORTS[0]), (0, 2, PORTS[1]))]
             time.sleep(SETTLE)
         try:
-            timer = testbed.run(1, me + ["_timer", model, str(batch_size), str(seconds)], timeout=seconds + 120,
+            timer = testbed.run(1, _role("_timer", model, batch_size, seconds), timeout=seconds + 120,
                                 capture_output=True, text=True, check=True)
         except BaseException:
             for process in sinks:  # nothing to read: no sink outlives its namespace
@@ -98,10 +111,9 @@ def time_under_traffic(rate: str | None, seconds: float, model: str = "mlp", bat
 def time_beside_busy(competitors: int, seconds: float, model: str = "mlp", batch_size: int = 32) -> StepTiming:
     """``model``'s training step timed back to back for ``seconds`` while ``competitors`` processes spin
     (a Python loop each: no model, no network), all on this machine's cores."""
-    me = [sys.executable, "-m", "real.testbed.preemption"]
-    busy = [subprocess.Popen(me + ["_busy"]) for _ in range(competitors)]
+    busy = [subprocess.Popen(_role("_busy")) for _ in range(competitors)]
     try:
-        timer = subprocess.run(me + ["_timer", model, str(batch_size), str(seconds)], timeout=seconds + 120,
+        timer = subprocess.run(_role("_timer", model, batch_size, seconds), timeout=seconds + 120,
                                capture_output=True, text=True, check=True)
     finally:
         for process in busy:
@@ -172,23 +184,14 @@ def _busy() -> None:
 
 
 def _timer(model: str, batch_size: int, seconds: float) -> None:
-    """Time ``model``'s training step (one torch thread, one fixed batch, as real.testbed.steadiness)
-    back to back for ``seconds``; print the times and the wall-clock start and end as JSON."""
+    """Time ``model``'s training step (real.testbed.steadiness.training_step, one torch thread) back to
+    back for ``seconds``; print the times and the wall-clock start and end as JSON."""
     import torch
 
-    from real.data import load
-    from real.models import build
+    from real.testbed.steadiness import training_step
 
     torch.set_num_threads(1)
-    net = build(model, 0)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-    images, labels = load("synthetic", 0).batch(0, 0, 1, batch_size)
-
-    def step() -> None:
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(net(images), labels).backward()
-        optimizer.step()
-
+    step = training_step(model, batch_size)
     for _ in range(WARM_STEPS):
         step()
     times, start = [], time.time()
@@ -200,9 +203,19 @@ def _timer(model: str, batch_size: int, seconds: float) -> None:
     print(json.dumps({"times": times, "start": start, "end": time.time()}))
 
 
+def _competitors(text: str) -> list[int]:
+    """``--competitors``: comma-separated counts of busy processes, each 0 to 8; ValueError naming it."""
+    from syncsim.arguments import check_count, integer
+
+    try:
+        return [check_count("--competitors", integer(n), 0, 8) for n in text.split(",") if n.strip()]
+    except argparse.ArgumentTypeError as err:
+        raise ValueError(f"--competitors: {err}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from real.models import MODELS
-    from syncsim.arguments import ArgumentParser, check_count, integer, number
+    from syncsim.arguments import ArgumentParser, number
     from syncsim.units import parse_bandwidth
 
     argv = sys.argv[1:] if argv is None else argv
@@ -221,11 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rate in rates:
             parse_bandwidth(rate, "--rates")
-        counts = [check_count("--competitors", integer(n), 0, 8) for n in args.competitors.split(",") if n.strip()]
+        counts = _competitors(args.competitors)
         if not 2 <= args.seconds <= 600:
             raise ValueError(f"--seconds must be between 2 and 600, got {args.seconds:g}")
-    except (ValueError, argparse.ArgumentTypeError) as err:
-        ap.error(f"--competitors: {err}" if isinstance(err, argparse.ArgumentTypeError) else str(err))
+    except ValueError as err:
+        ap.error(str(err))
     for rate in [None, *rates, None]:
         print(f"real.testbed.preemption: {time_under_traffic(rate, args.seconds, args.model).line()}", flush=True)
     for count in counts:

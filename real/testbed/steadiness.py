@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Steadiness", "measure_steadiness", "relative_changes", "main", "LAG_SECONDS"]
+__all__ = ["Steadiness", "measure_steadiness", "training_step", "relative_changes", "main", "LAG_SECONDS"]
 
 LAG_SECONDS = 5.0  # about how long before a run its compute probe ran in the validation study
 
@@ -103,6 +104,26 @@ class Steadiness:
                    step_times=tuple(float(t) for t in data["step_times"]))
 
 
+def training_step(model: str, batch_size: int) -> Callable[[], None]:
+    """One SGD step of ``model`` (real.models) on a run's first batch (real.data), as a function that
+    takes it: the work real.testbed's timers repeat, with nothing else in it."""
+    import torch
+
+    from real.data import load
+    from real.models import build
+
+    net = build(model, 0)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    images, labels = load("synthetic", 0).batch(0, 0, 1, batch_size)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(net(images), labels).backward()
+        optimizer.step()
+
+    return step
+
+
 def measure_steadiness(model: str = "mlp", batch_size: int = 32, seconds: float = 60.0, window: float = 1.0,
                        progress=None) -> Steadiness:
     """Train ``model`` (real.models) on one fixed batch, back to back, in this process with one torch
@@ -110,8 +131,7 @@ def measure_steadiness(model: str = "mlp", batch_size: int = 32, seconds: float 
     each window's step time."""
     import torch
 
-    from real.data import load
-    from real.models import MODELS, build
+    from real.models import MODELS
 
     if model not in MODELS:
         raise ValueError(f"measure_steadiness: model must be one of {sorted(MODELS)}, got {model!r}")
@@ -123,15 +143,7 @@ def measure_steadiness(model: str = "mlp", batch_size: int = 32, seconds: float 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every rank of a run (real.testbed.forkserver)
     try:
-        net = build(model, 0)
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-        images, labels = load("synthetic", 0).batch(0, 0, 1, batch_size)  # a run's first batch (real.data)
-
-        def step() -> None:
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(net(images), labels).backward()
-            optimizer.step()
-
+        step = training_step(model, batch_size)
         for _ in range(20):  # warm: allocator and autograd caches
             step()
         times = []

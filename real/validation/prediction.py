@@ -70,10 +70,17 @@ def predict(first) -> Prediction:
     state of PREDICTION_SEEDS simulations of it pooled (syncsim.metrics.pooled_steady_state), and the
     coefficient of variation of their step times (how much the model itself varies from seed to seed)."""
     from syncsim import simulate
-    from syncsim.metrics import pooled_steady_state
 
     runs = [first] + [simulate(first.cluster, first.workload, first.scheme, steps=first.steps, seed=seed)
                       for seed in range(first.seed + 1, first.seed + PREDICTION_SEEDS)]
+    return _pooled(runs)
+
+
+def _pooled(runs) -> Prediction:
+    """``runs`` (SimResults of one configuration, one per seed) as a Prediction: their steady states pooled
+    and the coefficient of variation of their step times."""
+    from syncsim.metrics import pooled_steady_state
+
     states = [run.steady for run in runs]
     times = np.array([state.step_time for state in states])
     return Prediction(pooled_steady_state(states), float(times.std() / times.mean()))
@@ -122,20 +129,17 @@ def replay(cluster, workload, scheme, trace: pd.DataFrame, steps: int, world: in
     return pooled_steady_state([run.steady for run in runs]).step_time
 
 
-# predict_drawn's diagnostics: the run's own compute phases as a distribution, with or without its tail.
+# predict_drawn's diagnostics: the run's own compute phases as a distribution, with or without its tail
+# (real.testbed.preemption's: over its TAIL times the median).
 DRAWN = ("drawn", "drawn-untailed")
-# A phase over TAIL times its run's median is the tail: the small model's parameter-server workers at
-# 200 Mbit/s had 4-10 % of their phases there (5-12 ms against a median of 1.2 ms), the same runs at
-# 50 Mbit/s and 1 Gbit/s at most 1.3 %, and the lognormal of the probe's spread (a coefficient of
-# variation of 0.19) puts about one phase in 10^13 there.
-TAIL = 4.0
 WARMUP_STEPS = 2  # a run's first steps (the first pull, allocations) are not of its distribution
 
 
 def untailed(sample: np.ndarray) -> np.ndarray:
-    """``sample`` with every value over TAIL times its median replaced by the median."""
-    median = float(np.median(sample))
-    return np.where(sample > TAIL * median, median, sample)
+    """``sample`` with every value in its tail (real.testbed.preemption.in_tail) replaced by its median."""
+    from real.testbed.preemption import in_tail
+
+    return np.where(in_tail(sample), float(np.median(sample)), sample)
 
 
 def predict_drawn(cluster, workload, scheme, trace: pd.DataFrame, steps: int, world: int,
@@ -147,7 +151,6 @@ def predict_drawn(cluster, workload, scheme, trace: pd.DataFrame, steps: int, wo
     they ran, it tells whether a row's miss is in the compute's distribution alone. None when the trace
     lacks a compute phase, and for a run that communicates nothing (as replay)."""
     from syncsim import simulate
-    from syncsim.metrics import pooled_steady_state
 
     if mode not in DRAWN:
         raise ValueError(f"predict_drawn: mode must be one of {', '.join(DRAWN)}; got {mode!r}")
@@ -162,7 +165,5 @@ def predict_drawn(cluster, workload, scheme, trace: pd.DataFrame, steps: int, wo
         rng = np.random.default_rng([seed, steps])
         return np.column_stack([rng.choice(sample, size=len(table)) for sample in samples])
 
-    runs = [simulate(cluster, workload, scheme, steps=steps, seed=seed, compute_times=drawn(seed))
-            for seed in range(PREDICTION_SEEDS)]
-    times = np.array([run.steady.step_time for run in runs])
-    return Prediction(pooled_steady_state([run.steady for run in runs]), float(times.std() / times.mean()))
+    return _pooled([simulate(cluster, workload, scheme, steps=steps, seed=seed, compute_times=drawn(seed))
+                    for seed in range(PREDICTION_SEEDS)])

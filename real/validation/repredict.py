@@ -66,7 +66,7 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe") -> tuple[p
         try:
             with offline():
                 calibration = calibrate(config, settings)
-            _, measured = read_steady(out / "runs" / config.name, int(row["batch_size"]), steps, config.world)
+            trace, measured = read_steady(out / "runs" / config.name, int(row["batch_size"]), steps, config.world)
         except (NotCached, FileNotFoundError):
             counts["not cached"] += 1
             continue
@@ -74,7 +74,6 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe") -> tuple[p
         if compute == "probe":
             prediction = predict(simulate(calibration.cluster, calibration.workload, scheme, steps=steps, seed=0))
         else:
-            trace = pd.read_csv(out / "runs" / config.name / "trace.csv")
             prediction = predict_drawn(calibration.cluster, calibration.workload, scheme, trace, steps, config.world,
                                        compute)
             if prediction is None:
@@ -87,7 +86,8 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe") -> tuple[p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from real.validation.prediction import DRAWN, TAIL
+    from real.testbed.preemption import TAIL
+    from real.validation.prediction import DRAWN
     from real.validation.summary import summary_lines
     from syncsim.arguments import ArgumentParser
 
