@@ -21,7 +21,8 @@ SWEEP = tuple(2**k for k in range(12, 23))  # 4 KiB .. 4 MiB, ×2 apart
 
 def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
                  message_bytes: float | None = None, hosts: int = 2, now: tuple[tuple[int, str], ...] = (),
-                 precisions: tuple[str, ...] = ("fp32",), gathers: tuple[tuple[int, str], ...] = ()) -> dict:
+                 precisions: tuple[str, ...] = ("fp32",), gathers: tuple[tuple[int, str], ...] = (),
+                 after: float = 0.0) -> dict:
     """Probe a testbed of ``hosts`` hosts at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket,
     "fits": fit_links, "now": the timings of ``now``}, the rates fitted around ``message_bytes`` when given
     (see fit_links). The sweep is cached; the fit is made from it each time. It times all-reduces at each
@@ -47,7 +48,16 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     ``sizes``). ``gathers`` are a run's all-gathers, (values k, precision): top-k's k int32 indices and
     then its k values at the precision, the two all-gathers real.executor sends a step, timed together
     as one round like ``now`` (never cached; ``gather_now`` in the result) and fitted as
-    ``allgather_<precision>`` (fit_links' ``gather``)."""
+    ``allgather_<precision>`` (fit_links' ``gather``).
+
+    ``after`` (seconds, the run's compute step) keeps each rank busy once its part of each ``now`` and
+    ``gathers`` timing is over, as a run's rank starts its next step when it leaves a collective. Ranks
+    leave a gloo ring milliseconds apart, and on this machine's two cores those that left first and
+    compute take the cores from those still finishing: four hosts' 1.7 MB all-reduce at 1 Gbit/s, timed
+    alternately, took a mean 21.8-23.1 ms with the ranks idle after it and 27.8-29.5 ms with them busy
+    15 or 30 ms, where the grid's run of it took 29.3 ms from its last rank's entry to its last exit."""
+    if not (isinstance(after, (int, float)) and 0 <= after <= 60):
+        raise ValueError(f"measure_link: after must be between 0 and 60 seconds (a run's compute step), got {after!r}")
     swept, fresh, gathered = _requests(precisions, now, gathers)
     name = f"{slug(bandwidth)}-h{hosts}"
 
@@ -57,6 +67,7 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
         return _run_link_probe(bandwidth, folder, name + tag, prefix, hosts, repeats,
                                ["--at", encode_at(at), "--precisions", ",".join(swept)]
                                + (["--gather", encode_at(gather)] if gather else [])
+                               + (["--after", repr(after)] if gather or at else [])
                                + ([] if sweep_sizes else ["--no-sweep"]))
 
     path = folder / f"link-{name}.json"
@@ -114,19 +125,21 @@ def _run_link_probe(bandwidth: str, folder: Path, name: str, prefix: str, hosts:
 
 # -- what the ranks run -------------------------------------------------------------
 def link_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], sweep_sizes: bool = True,
-              precisions: tuple[str, ...] = PRECISIONS, gather: list[tuple[int, str]] = ()) -> None:
+              precisions: tuple[str, ...] = PRECISIONS, gather: list[tuple[int, str]] = (),
+              after: float = 0.0) -> None:
     """Ping-pong (ranks 0 and 1, fp32) and all-reduce (every rank, at each of ``precisions``) over SWEEP,
     then the all-reduces of ``at`` ((bytes, precision): the runs' own sizes) and the top-k exchanges of
     ``gather`` ((values k, precision): an all-gather of k int32 indices, then one of k values, as
-    real.executor sends them) at_repeats times each, in turns, each after ``idle`` seconds of busy;
-    ``sweep_sizes`` False times only those."""
+    real.executor sends them) at_repeats times each, in turns, each after ``idle`` seconds of busy and
+    followed by ``after`` seconds of it (timed_once); ``sweep_sizes`` False times only those."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     result: dict = {"world": dist.get_world_size(), "idle": idle}
     if sweep_sizes:
         result |= _sweeps(repeats, idle, precisions)
-    result["at_size"], result["at_gather"] = _run_collectives(at, gather, idle)
+    result["after"] = after
+    result["at_size"], result["at_gather"] = _run_collectives(at, gather, idle, after)
     if dist.get_rank() == 0:
         write_atomic(out, json.dumps(result))
     dist.destroy_process_group()
@@ -167,9 +180,11 @@ def _sweeps(repeats: int, idle: float, precisions: tuple[str, ...]) -> dict:
     return result
 
 
-def _run_collectives(at: list[tuple[int, str]], gather: list[tuple[int, str]], idle: float) -> tuple[list, list]:
+def _run_collectives(at: list[tuple[int, str]], gather: list[tuple[int, str]], idle: float,
+                     after: float = 0.0) -> tuple[list, list]:
     """(at_size, at_gather): every timing of each all-reduce of ``at`` and each top-k exchange of
-    ``gather``, at_repeats times each, in turns, each after ``idle`` seconds of busy."""
+    ``gather``, at_repeats times each, in turns, each after ``idle`` seconds of busy and followed by
+    ``after`` seconds of it."""
     import torch
     import torch.distributed as dist
 
@@ -190,7 +205,7 @@ def _run_collectives(at: list[tuple[int, str]], gather: list[tuple[int, str]], i
 
     def at_once(k: int) -> float:
         action = (lambda: dist.all_reduce(bufs[k])) if k < len(at) else (lambda: exchange(k - len(at)))
-        return timed_once(action, idle, from_last=True, rest=busy)
+        return timed_once(action, idle, from_last=True, rest=busy, after=after)
 
     # one round of each sets how many it gets (at_repeats): the ranks agree, as every round's time is their max
     times = interleaved([at_repeats(at_once(k)) for k in range(len(at) + len(exchanges))], at_once)

@@ -35,6 +35,9 @@ def _parser() -> ArgumentParser:
                                              "(the runs' own sizes)")
     ap.add_argument("--gather", default="", help="the link probe also times these top-k exchanges, VALUES:PRECISION,"
                                                  "... (an all-gather of VALUES int32 indices, then of VALUES values)")
+    ap.add_argument("--after", type=number, default=0.0,
+                    help="seconds each rank stays busy after its part of each --at or --gather timing "
+                         "(a step's compute)")
     ap.add_argument("--no-sweep", action="store_true", help="the link probe times only --at and --gather")
     ap.add_argument("--precisions", default=",".join(PRECISIONS),
                     help="the link probe's sweep times all-reduces at these wire precisions (fp32 always)")
@@ -73,6 +76,8 @@ def _check(args) -> tuple[str, str]:
         raise ValueError(f"--slow must be between 1 and {MAX_SLOW:g}, got {args.slow:g}")
     if not 0 <= args.idle <= 60:
         raise ValueError(f"--idle must be between 0 and 60 seconds, got {args.idle:g}")
+    if not 0 <= args.after <= 60:
+        raise ValueError(f"--after must be between 0 and 60 seconds, got {args.after:g}")
     return mode, out
 
 
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(err))
     if mode == "probe":
         link_probe.link_rank(out, args.repeats, args.idle, at, sweep_sizes=not args.no_sweep, precisions=precisions,
-                             gather=gather)
+                             gather=gather, after=args.after)
     elif mode == "sharing":
         sharing_probe.sharing_rank(out, args.size, args.repeats, args.idle, args.lone)
     elif mode == "server":

@@ -22,9 +22,11 @@ def refill_idle(config) -> float:
     return 2 * config.burst / config.bandwidth
 
 
-def timed_once(action, idle: float, from_last: bool = False, rest=None) -> float:
+def timed_once(action, idle: float, from_last: bool = False, rest=None, after: float = 0.0) -> float:
     """One round of ``action()``: every rank starts it together, after the links rested ``idle`` seconds
     (a tbf bucket refills while its link rests) while the rank ran ``rest(idle)``: busy, or by default a sleep.
+    With ``after`` > 0 each rank keeps its core busy that long once its own part is over, as a run's rank
+    starts its next step's compute when it leaves a collective (busy), before the ranks compare instants.
 
     The round's time is its slowest rank's, or with ``from_last`` (collectives) the time from the last
     rank's start to the last rank's end, as syncsim starts a collective once every rank has arrived:
@@ -39,6 +41,8 @@ def timed_once(action, idle: float, from_last: bool = False, rest=None) -> float
     t0 = time.perf_counter()
     action()
     t1 = time.perf_counter()
+    if after > 0:
+        busy(after)
     # float64: perf_counter is seconds since boot, which float32 would round to milliseconds
     instants = torch.tensor([t0, t1] if from_last else [t1 - t0], dtype=torch.float64)
     dist.all_reduce(instants, op=dist.ReduceOp.MAX)

@@ -52,7 +52,7 @@ def calibrate(config: Config, settings: Settings) -> Calibration:
     # with the last rank slowed as the run's last worker is in a straggler row
     compute = measure_scheme_compute(config.model, settings.batch_size, config.world, folder, scheme=config.scheme,
                               slow=config.slow, repeat=slug(config.bandwidth) if config.baseline else "")
-    links = calibrate_links(config, settings, folder)
+    links = calibrate_links(config, settings, folder, after=compute["compute_time"])
     workload = _workload(config, compute, settings.batch_size)
     cluster = _cluster(config, compute, links)
     cluster = cluster.replace(**sharded_traffic(config, settings, folder, cluster, workload))
@@ -69,8 +69,10 @@ def calibrate(config: Config, settings: Settings) -> Calibration:
     return Calibration(cluster, workload, values)
 
 
-def calibrate_links(config: Config, settings: Settings, folder: Path) -> Links:
-    """The links' rates around the size of what the run sends at once: the gradient at the wire precision."""
+def calibrate_links(config: Config, settings: Settings, folder: Path, after: float = 0.0) -> Links:
+    """The links' rates around the size of what the run sends at once: the gradient at the wire precision;
+    the run's own collectives, timed in the minute before it, are each followed by ``after`` seconds of
+    busy ranks (the run's compute step: measure_link's ``after``)."""
     from real.calibration.link_fit import at_size_time
     from real.calibration.link_probe import measure_link
     from syncsim import Link
@@ -83,7 +85,8 @@ def calibrate_links(config: Config, settings: Settings, folder: Path) -> Links:
     # machine's load over the half hour a grid takes
     own, gathers = timed_size(config), timed_gather(config)
     measured = measure_link(config.bandwidth, folder, settings.prefix, settings.repeats, message_bytes=message,
-                            hosts=config.link_hosts, now=own, precisions=settings.precisions, gathers=gathers)
+                            hosts=config.link_hosts, now=own, precisions=settings.precisions, gathers=gathers,
+                            after=after)
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
     # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes

@@ -53,6 +53,39 @@ def test_a_collective_is_timed_from_the_last_rank_s_arrival(tmp_path):
     assert all(0 < t < LATE / 2 for t in timings["from_last"])
 
 
+AFTER, WORK = 0.15, 0.01  # seconds each rank stays busy after the action, and the action's own time
+
+
+def _after_rank(rank: int, port: int, out: str) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    from real.calibration import timing
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    began = time.perf_counter()
+    timed = [timing.timed_once(lambda: time.sleep(WORK), 0.0, from_last=True, after=AFTER) for _ in range(3)]
+    elapsed = time.perf_counter() - began
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"timed": timed, "elapsed": elapsed}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_the_busy_after_a_timed_collective_is_spent_but_not_timed(tmp_path):
+    # timed_once's ``after`` keeps each rank busy once its part is over (a run's next compute step): the
+    # three rounds take at least 3 x AFTER of wall time, yet each round's time is its action's (WORK, a
+    # sleep), not WORK + AFTER: the busy period lies outside the instants the ranks compare.
+    out = tmp_path / "after.json"
+    mp.spawn(_after_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
+    result = json.loads(out.read_text())
+    assert result["elapsed"] >= 3 * AFTER
+    assert all(WORK <= t < WORK + AFTER / 2 for t in result["timed"])
+
+
 def _at_size_rank(rank: int, port: int, out: str) -> None:
     from real.calibration.link_probe import link_rank
 

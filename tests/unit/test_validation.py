@@ -577,11 +577,12 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     fit = {"alpha": 1e-4, "launch": 3e-3, "bandwidth": 5e6}
     gather_fit = {"alpha": 1e-4, "launch": 4e-3, "bandwidth": 6e6}
 
-    swept = []
+    swept, afters = [], []
 
-    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now, precisions, gathers):
+    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now, precisions, gathers, after):
         probed.append((hosts, now, gathers))
         swept.append(precisions)
+        afters.append(after)
         return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0, "bandwidth": 6e6}, "allreduce_fp32": fit,
                                           "allreduce_fp16": fit} | ({"allgather_fp32": gather_fit} if gathers else {}),
                 "now": [[size, precision, [7e-3] * AT_REPEATS] for size, precision in now],
@@ -610,6 +611,8 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     assert cluster.inter.bandwidth == values["link_bandwidth"] == 6e6  # top-k's: the all-gather fit's rate
     # the link probe sweeps the precisions the grid's schemes send (the default grid: fp32 and fp16)
     assert set(swept) == {("fp16", "fp32")}
+    # the run's own collectives are timed with the ranks busy after them for the compute probe's step
+    assert set(afters) == {FAKE_COMPUTE["compute_time"]}
 
 
 def test_a_stall_of_the_machine_falls_on_one_timing_per_size_and_the_medians_discard_it():
@@ -1088,6 +1091,41 @@ def test_the_link_probe_times_a_top_k_run_s_exchange_at_every_call_and_never_cac
     assert cached["probe"].get("at_gather", []) == []
     with pytest.raises(ValueError, match="gathers entry"):
         measure_link("1Gbit/s", tmp_path, gathers=((0, "fp32"),))
+
+
+def test_the_run_s_own_sizes_are_timed_with_the_ranks_busy_after_them_and_a_bad_after_is_named(monkeypatch,
+                                                                                                tmp_path):
+    # measure_link's ``after`` (the run's compute step) reaches the ranks timing the run's own sizes as
+    # --after; the sweep, which times no run's size, is launched without it.
+    argvs = []
+
+    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
+        argvs.append(argv)
+        at = argv[argv.index("--at") + 1]
+        probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if "--no-sweep" not in argv else {"world": 2}
+        probe["at_size"] = [[int(size), precision, [4e-3] * AT_REPEATS]
+                            for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
+        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
+        return [0, 0]
+
+    monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
+    monkeypatch.setattr("real.testbed.namespaces.Testbed", ProbeBed)
+    measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=((407_080, "fp32"),), after=2.5e-3)
+    sweep, now = argvs
+    assert "--after" not in sweep
+    assert float(now[now.index("--after") + 1]) == 2.5e-3
+    for bad in (-1e-3, 61.0, float("nan"), "2ms"):
+        with pytest.raises(ValueError, match="after must be between 0 and 60 seconds"):
+            measure_link("1Gbit/s", tmp_path, now=((407_080, "fp32"),), after=bad)
+
+
+def test_the_link_probe_s_after_option_is_checked(tmp_path, capsys):
+    from real.calibration.ranks import main
+
+    for bad in ("-0.001", "61"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--probe", str(tmp_path / "probe.json"), "--after", bad])
+        assert exit_.value.code == 2 and "--after must be between 0 and 60 seconds" in capsys.readouterr().err
 
 
 def test_the_link_probe_s_gather_option_names_a_bad_entry():
