@@ -4,7 +4,8 @@ study measures nothing twice.
 Every file records the SCHEMA_VERSION of the code that wrote it; a file of another version (or none) is
 measured again, since what a probe records changes with the code that runs it. Inside ``offline()``
 nothing is measured: a result not cached raises NotCached (a finished study predicted again from its
-calibration, real.validation.repredict).
+calibration, real.validation.repredict). A timing of the moment (``recorded``: a run's own collectives,
+timed just before it) is measured afresh at every call online and only kept, for offline() to read.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from syncsim.files import write_atomic
 
-__all__ = ["SCHEMA_VERSION", "NotCached", "cached", "store", "slug", "offline", "check_online"]
+__all__ = ["SCHEMA_VERSION", "NotCached", "cached", "recorded", "store", "slug", "offline", "check_online"]
 
 SCHEMA_VERSION = 4  # raise it when a probe records something new or measures differently
 
@@ -56,6 +57,17 @@ def cached(path: Path, measure) -> dict:
         if isinstance(kept, dict) and kept.get("schema_version") == SCHEMA_VERSION and "result" in kept:
             return kept["result"]
     check_online(str(path))
+    result = measure()
+    store(path, result)
+    return result
+
+
+def recorded(path: Path, measure) -> dict:
+    """``measure()``'s result, measured afresh at every call and stored at ``path``; inside offline(), what
+    the last call stored there instead (NotCached when nothing of this SCHEMA_VERSION is). For timings of
+    the moment, which a resumed study must not take from minutes before, but a re-prediction needs."""
+    if _OFFLINE[0]:
+        return cached(path, measure)  # offline, cached() reads the stored result or raises NotCached
     result = measure()
     store(path, result)
     return result

@@ -8,7 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
-from real.calibration.cache import cached, check_online, slug, store
+from real.calibration.cache import cached, check_online, recorded, slug, store
 from real.calibration.link_fit import fit_links
 from real.calibration.messages import PRECISIONS, encode_at, valid_at, valid_gather
 from real.calibration.timing import SMALL, SMALL_REPEATS, at_repeats, busy, interleaved, refill_idle, timed_once
@@ -22,7 +22,7 @@ SWEEP = tuple(2**k for k in range(12, 23))  # 4 KiB .. 4 MiB, ×2 apart
 def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: int = 5,
                  message_bytes: float | None = None, hosts: int = 2, now: tuple[tuple[int, str], ...] = (),
                  precisions: tuple[str, ...] = ("fp32",), gathers: tuple[tuple[int, str], ...] = (),
-                 after: float = 0.0) -> dict:
+                 after: float = 0.0, keep: str = "") -> dict:
     """Probe a testbed of ``hosts`` hosts at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket,
     "fits": fit_links, "now": the timings of ``now``}, the rates fitted around ``message_bytes`` when given
     (see fit_links). The sweep is cached; the fit is made from it each time. It times all-reduces at each
@@ -55,7 +55,11 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     leave a gloo ring milliseconds apart, and on this machine's two cores those that left first and
     compute take the cores from those still finishing: four hosts' 1.7 MB all-reduce at 1 Gbit/s, timed
     alternately, took a mean 21.8-23.1 ms with the ranks idle after it and 27.8-29.5 ms with them busy
-    15 or 30 ms, where the grid's run of it took 29.3 ms from its last rank's entry to its last exit."""
+    15 or 30 ms, where the grid's run of it took 29.3 ms from its last rank's entry to its last exit.
+
+    With ``keep`` (a label: a study's row) the timings of ``now`` and ``gathers`` are also kept, as
+    ``now-<bandwidth>-h<hosts>-<keep>.json`` (real.calibration.cache.recorded): still timed afresh at
+    every call, and read back inside offline(), so a finished study's rows can be predicted again."""
     if not (isinstance(after, (int, float)) and 0 <= after <= 60):
         raise ValueError(f"measure_link: after must be between 0 and 60 seconds (a run's compute step), got {after!r}")
     swept, fresh, gathered = _requests(precisions, now, gathers)
@@ -76,7 +80,12 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     if set(swept) - set(had):  # a precision asked for now was not swept: sweep it and those the cache had
         measured = measure([], swept=sorted(set(swept) | set(had), key=list(PRECISIONS).index))
         store(path, measured)
-    timed = measure(fresh, sweep_sizes=False, tag="-now", gather=gathered)["probe"] if fresh or gathered else {}
+    timed = {}
+    if fresh or gathered:
+        def timed_now() -> dict:
+            return measure(fresh, sweep_sizes=False, tag="-now", gather=gathered)["probe"]
+
+        timed = recorded(folder / f"now-{name}-{slug(keep)}.json", timed_now) if keep else timed_now()
     timed_now, gather_now = timed.get("at_size", []), timed.get("at_gather", [])
     probe = measured["probe"] | {"at_size": timed_now, "at_gather": gather_now}
     # every all-reduce the run sends a step, when it sends several (PowerSGD's two rounds)

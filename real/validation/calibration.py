@@ -86,7 +86,7 @@ def calibrate_links(config: Config, settings: Settings, folder: Path, after: flo
     own, gathers = timed_size(config), timed_gather(config)
     measured = measure_link(config.bandwidth, folder, settings.prefix, settings.repeats, message_bytes=message,
                             hosts=config.link_hosts, now=own, precisions=settings.precisions, gathers=gathers,
-                            after=after)
+                            after=after, keep=config.name)
     fits, burst = measured["fits"], measured["burst"]  # the testbed's links are tbf shapers with this bucket
     # The workers' link as the traffic they send sees it: a collective's rate (at the scheme's wire
     # precision, reduction included) for schemes that all-reduce, a point-to-point rate for pushes

@@ -579,7 +579,9 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
 
     swept, afters = [], []
 
-    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now, precisions, gathers, after):
+    def measure_link(bandwidth, folder, prefix, repeats, message_bytes, hosts, now, precisions, gathers, after,
+                     keep):
+        assert keep == config.name  # the row's own timings are kept under its name, for a re-prediction
         probed.append((hosts, now, gathers))
         swept.append(precisions)
         afters.append(after)
@@ -1117,6 +1119,37 @@ def test_the_run_s_own_sizes_are_timed_with_the_ranks_busy_after_them_and_a_bad_
     for bad in (-1e-3, 61.0, float("nan"), "2ms"):
         with pytest.raises(ValueError, match="after must be between 0 and 60 seconds"):
             measure_link("1Gbit/s", tmp_path, now=((407_080, "fp32"),), after=bad)
+
+
+def test_a_row_s_own_timings_are_timed_afresh_online_and_read_back_offline(monkeypatch, tmp_path):
+    # measure_link's ``keep`` stores the run's own timings (real.calibration.cache.recorded): online each
+    # call times them again (a resumed study must not take a minutes-old timing), offline() reads the last
+    # call's back without a launch, and a row that kept none is NotCached there.
+    from real.calibration.cache import NotCached, offline
+
+    launches, timings = [], iter([3e-3, 5e-3, 4e-3])
+
+    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
+        at = argv[argv.index("--at") + 1]
+        launches.append(at)
+        probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if "--no-sweep" not in argv else {"world": 2}
+        time = next(timings)
+        probe["at_size"] = [[int(size), precision, [time] * AT_REPEATS]
+                            for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
+        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
+        return [0, 0]
+
+    monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
+    monkeypatch.setattr("real.testbed.namespaces.Testbed", ProbeBed)
+    own = ((407_080, "fp32"),)
+    for expected in (5e-3, 4e-3):
+        assert measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own, keep="row")["now"][0][2][0] == expected
+    with offline():
+        again = measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own, keep="row")
+        assert again["now"] == [[407_080, "fp32", [4e-3] * AT_REPEATS]]
+        with pytest.raises(NotCached):
+            measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own, keep="another-row")
+    assert launches == ["", "407080:fp32", "407080:fp32"]
 
 
 def test_the_link_probe_s_after_option_is_checked(tmp_path, capsys):
