@@ -3,10 +3,11 @@ simulator as it is now, from the calibration the study cached under OUT, with no
 runs, only the prediction redone, to see what a change to the model does to every row in seconds.
 
 A row whose calibration timed the run's own collectives in the minute before it (an all-reducing run
-with several workers, a top-k exchange: real.validation.traffic's timed_size and timed_gather) keeps its
-recorded prediction, since those timings are not cached; so does a row whose calibration the folder
-lacks, or whose run's records (OUT/runs/NAME/trace.csv, updates.csv) are gone. The summary says how
-many rows each. Re-predicted rows are compared with their runs as the study compares them
+with several workers, a top-k exchange: real.validation.traffic's timed_size and timed_gather) is
+predicted again from the timings the study kept of them (measure_link's ``keep``); a row whose
+calibration the folder lacks (a study older than those kept timings, for such rows), or whose run's
+records (OUT/runs/NAME/trace.csv, updates.csv) are gone, keeps its recorded prediction. The summary
+says how many rows each. Re-predicted rows are compared with their runs as the study compares them
 (real.validation.evaluation.compared), the measured figures read again from the kept records.
 
 ``--compute drawn`` is a diagnostic instead: each row's compute is drawn at random from its own run's
@@ -38,16 +39,16 @@ def _settings(frame: pd.DataFrame, configs: list[Config], out: Path) -> Settings
 
 def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe") -> tuple[pd.DataFrame, dict[str, int]]:
     """``frame`` (a study's validation.csv under ``out``) with each measured row's prediction redone from
-    the cached calibration; and how many rows were re-predicted, kept (timed just before their run) and
-    not cached. With ``compute`` one of prediction.DRAWN, a diagnostic: each row's compute is drawn from
-    its run's own compute phases (prediction.predict_drawn), and a row whose trace has none is kept."""
+    the cached calibration; and how many rows were re-predicted, kept and not cached (each of those two
+    keeps its recorded prediction). With ``compute`` one of prediction.DRAWN, a diagnostic: each row's
+    compute is drawn from its run's own compute phases (prediction.predict_drawn), and a row whose run
+    communicates nothing or whose trace has no compute phase is kept."""
     from real.calibration.cache import NotCached, offline
     from real.validation.calibration import calibrate
     from real.validation.evaluation import compared
     from real.validation.frame import derive
     from real.validation.measurement import read_steady
     from real.validation.prediction import DRAWN, as_run_on_gloo, predict, predict_drawn
-    from real.validation.traffic import timed_gather, timed_size
     from real.validation.verdict import failed
     from syncsim import simulate
 
@@ -59,9 +60,6 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe") -> tuple[p
     settings = _settings(rows, configs, out)
     counts = {"repredicted": 0, "kept": 0, "not cached": 0}
     for (i, row), config in zip(rows.iterrows(), configs):
-        if timed_size(config) or timed_gather(config):
-            counts["kept"] += 1
-            continue
         steps = int(row["run_steps"])
         try:
             with offline():
@@ -105,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     written = out / ("repredicted.csv" if args.compute == "probe" else f"repredicted-{args.compute}.csv")
     frame.to_csv(written, index=False)
     print(f"re-predicted {counts['repredicted']} rows from {out / 'calibration'}; {counts['kept']} kept their "
-          f"recorded prediction (their calibration timed the run's own collectives just before it, or, with "
-          f"--compute drawn, their run has no compute phase of its own), "
-          f"{counts['not cached']} not cached")
+          f"recorded prediction (with --compute drawn: their run has no compute phase of its own), "
+          f"{counts['not cached']} not cached (their calibration or their run's records are not in {out}; a "
+          f"study older than its rows' kept collective timings lacks them for all-reducing rows): these keep "
+          f"their recorded prediction too")
     why = ("these rows were predicted again from a finished study's runs; only the study, which times its "
            "machine first, judges its targets" if args.compute == "probe" else
            "a diagnostic that gives each row its run's own compute, not a prediction")

@@ -58,8 +58,9 @@ def _row(config: Config, predicted, measured, steps: int) -> dict:
 def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(monkeypatch, tmp_path):
     # Basis: only the prediction is redone. A re-predicted row's predicted figures are predict() on the
     # calibration as it is now; its measured ones, read again from the run's kept records, are the same as
-    # recorded. A row whose calibration timed its run's own collectives (an all-reduce of two workers) keeps
-    # its recorded prediction; one whose calibration is not cached is counted, not measured.
+    # recorded. A row whose calibration timed its run's own collectives (an all-reduce of two workers) is
+    # re-predicted too, from the timings the study kept of them; one whose calibration is not cached is
+    # counted, not measured, and keeps its recorded prediction.
     steps = 24
     cluster = Cluster.homogeneous(gpus=2, link=Link("50Mbit/s", "100us"), servers=1,
                                   server_link=Link("50Mbit/s", "100us"), name="testbed")
@@ -90,14 +91,15 @@ def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(m
 
     monkeypatch.setattr("real.validation.calibration.calibrate", calibrate)
     got, counts = repredict(frame, tmp_path)
-    assert counts == {"repredicted": 1, "kept": 1, "not cached": 1}
+    assert counts == {"repredicted": 2, "kept": 0, "not cached": 1}
     want = predict(simulate(cluster, workload, as_run_on_gloo(async_ps.scheme), steps=steps, seed=0)).steady
     assert got.loc[0, "predicted_step_time"] == pytest.approx(want.step_time, rel=1e-12)
     assert got.loc[0, "predicted_step_time"] != pytest.approx(frame.loc[0, "predicted_step_time"], rel=1e-3)
     for column in ("measured_step_time", "measured_throughput", "measured_staleness_mean"):
         assert got.loc[0, column] == pytest.approx(frame.loc[0, column], rel=1e-12)
-    for i in (1, 2):  # kept as recorded
-        assert got.loc[i, "predicted_step_time"] == frame.loc[i, "predicted_step_time"]
+    ring_want = predict(simulate(cluster, workload, as_run_on_gloo(ring.scheme), steps=steps, seed=0)).steady
+    assert got.loc[1, "predicted_step_time"] == pytest.approx(ring_want.step_time, rel=1e-12)
+    assert got.loc[2, "predicted_step_time"] == frame.loc[2, "predicted_step_time"]  # not cached: as recorded
     assert got.loc[0, "rel_error"] == pytest.approx(want.step_time / frame.loc[0, "measured_step_time"] - 1)
     # The diagnostic: the asynchronous row predicted with compute drawn from its run's own phases, which
     # are made three times as long as the calibration's compute so that the two predictions differ.
@@ -109,7 +111,7 @@ def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(m
     trace.loc[computes, "end"] += 2 * (trace.loc[computes, "end"] - trace.loc[computes, "start"])
     trace.to_csv(path, index=False)
     got, counts = repredict(frame, tmp_path, compute="drawn")
-    assert counts == {"repredicted": 1, "kept": 1, "not cached": 1}
+    assert counts == {"repredicted": 2, "kept": 0, "not cached": 1}
     drawn = predict_drawn(cluster, workload, as_run_on_gloo(async_ps.scheme), trace, steps, 2).steady
     assert got.loc[0, "predicted_step_time"] == pytest.approx(drawn.step_time, rel=1e-12)
     assert drawn.step_time != pytest.approx(want.step_time, rel=1e-3)
