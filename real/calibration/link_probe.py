@@ -24,7 +24,8 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
                  precisions: tuple[str, ...] = ("fp32",), gathers: tuple[tuple[int, str], ...] = (),
                  after: float = 0.0, keep: str = "") -> dict:
     """Probe a testbed of ``hosts`` hosts at ``bandwidth``; {"probe": raw sweeps, "burst": tbf bucket,
-    "fits": fit_links, "now": the timings of ``now``}, the rates fitted around ``message_bytes`` when given
+    "fits": fit_links, "now": the timings of ``now``, "gather_now": those of ``gathers``, "exits_now": how
+    far apart the ranks left each of those, timing by timing}, the rates fitted around ``message_bytes`` when given
     (see fit_links). The sweep is cached; the fit is made from it each time. It times all-reduces at each
     of ``precisions`` (fp32 always), a quarter of its time each: a study sweeps only the precisions its
     schemes send, and a cached sweep that lacks one asked for is measured again.
@@ -86,13 +87,13 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
             return measure(fresh, sweep_sizes=False, tag="-now", gather=gathered)["probe"]
 
         timed = recorded(folder / f"now-{name}-{slug(keep)}.json", timed_now) if keep else timed_now()
-    timed_now, gather_now = timed.get("at_size", []), timed.get("at_gather", [])
+    timed_now, gather_now, exits_now = timed.get("at_size", []), timed.get("at_gather", []), timed.get("at_exits", [])
     probe = measured["probe"] | {"at_size": timed_now, "at_gather": gather_now}
     # every all-reduce the run sends a step, when it sends several (PowerSGD's two rounds)
     sizes = tuple(size for size, _ in fresh) if len(fresh) > 1 else ()
     fits = fit_links(probe, measured["burst"], message_bytes, sizes=sizes,
                      gather=gathered[0][0] if gathered else None)
-    return measured | {"fits": fits, "now": timed_now, "gather_now": gather_now}
+    return measured | {"fits": fits, "now": timed_now, "gather_now": gather_now, "exits_now": exits_now}
 
 
 def _requests(precisions, now, gathers) -> tuple[list[str], list[tuple[int, str]], list[tuple[int, str]]]:
@@ -148,7 +149,7 @@ def link_rank(out: str, repeats: int, idle: float, at: list[tuple[int, str]], sw
     if sweep_sizes:
         result |= _sweeps(repeats, idle, precisions)
     result["after"] = after
-    result["at_size"], result["at_gather"] = _run_collectives(at, gather, idle, after)
+    result["at_size"], result["at_gather"], result["at_exits"] = _run_collectives(at, gather, idle, after)
     if dist.get_rank() == 0:
         write_atomic(out, json.dumps(result))
     dist.destroy_process_group()
@@ -190,10 +191,11 @@ def _sweeps(repeats: int, idle: float, precisions: tuple[str, ...]) -> dict:
 
 
 def _run_collectives(at: list[tuple[int, str]], gather: list[tuple[int, str]], idle: float,
-                     after: float = 0.0) -> tuple[list, list]:
-    """(at_size, at_gather): every timing of each all-reduce of ``at`` and each top-k exchange of
+                     after: float = 0.0) -> tuple[list, list, list]:
+    """(at_size, at_gather, at_exits): every timing of each all-reduce of ``at`` and each top-k exchange of
     ``gather``, at_repeats times each, in turns, each after ``idle`` seconds of busy and followed by
-    ``after`` seconds of it."""
+    ``after`` seconds of it; and for each of those (in that order) how long before the last rank every
+    rank left it, timing by timing (timed_once's ``exits``)."""
     import torch
     import torch.distributed as dist
 
@@ -212,11 +214,15 @@ def _run_collectives(at: list[tuple[int, str]], gather: list[tuple[int, str]], i
         dist.all_gather(indices, index)
         dist.all_gather(every, value)
 
+    exits: list[list] = [[] for _ in range(len(at) + len(exchanges))]
+
     def at_once(k: int) -> float:
         action = (lambda: dist.all_reduce(bufs[k])) if k < len(at) else (lambda: exchange(k - len(at)))
-        return timed_once(action, idle, from_last=True, rest=busy, after=after)
+        return timed_once(action, idle, from_last=True, rest=busy, after=after, exits=exits[k])
 
     # one round of each sets how many it gets (at_repeats): the ranks agree, as every round's time is their max
     times = interleaved([at_repeats(at_once(k)) for k in range(len(at) + len(exchanges))], at_once)
+    kept = [spreads[-len(t):] for spreads, t in zip(exits, times)]  # the timed rounds', not the first and warm-up
     return ([[size, precision, t] for (size, precision), t in zip(at, times)],
-            [[values, precision, t] for (values, precision), t in zip(gather, times[len(at):])])
+            [[values, precision, t] for (values, precision), t in zip(gather, times[len(at):])],
+            [[*item, spreads] for item, spreads in zip([*at, *gather], kept)])

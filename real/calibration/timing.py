@@ -22,7 +22,8 @@ def refill_idle(config) -> float:
     return 2 * config.burst / config.bandwidth
 
 
-def timed_once(action, idle: float, from_last: bool = False, rest=None, after: float = 0.0) -> float:
+def timed_once(action, idle: float, from_last: bool = False, rest=None, after: float = 0.0,
+               exits: list | None = None) -> float:
     """One round of ``action()``: every rank starts it together, after the links rested ``idle`` seconds
     (a tbf bucket refills while its link rests) while the rank ran ``rest(idle)``: busy, or by default a sleep.
     With ``after`` > 0 each rank keeps its core busy that long once its own part is over, as a run's rank
@@ -32,7 +33,10 @@ def timed_once(action, idle: float, from_last: bool = False, rest=None, after: f
     rank's start to the last rank's end, as syncsim starts a collective once every rank has arrived:
     ranks leave the barrier and the sleep apart (by milliseconds when four ranks wake on two cores),
     and the rank that started first would count the others' lateness as the collective's. The ranks
-    share this machine's monotonic clock, so their instants compare directly."""
+    share this machine's monotonic clock, so their instants compare directly. Given ``exits`` (a list),
+    a ``from_last`` round also appends how long before the last rank each rank left (seconds, in
+    increasing order, the last's 0): ranks leave a gloo ring apart, and whoever leaves first starts the
+    next step first."""
     import torch
     import torch.distributed as dist
 
@@ -45,6 +49,12 @@ def timed_once(action, idle: float, from_last: bool = False, rest=None, after: f
         busy(after)
     # float64: perf_counter is seconds since boot, which float32 would round to milliseconds
     instants = torch.tensor([t0, t1] if from_last else [t1 - t0], dtype=torch.float64)
+    if from_last and exits is not None:
+        every = [torch.empty_like(instants) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, instants)
+        ends = [float(t[1]) for t in every]
+        exits.append(sorted(max(ends) - end for end in ends))
+        return max(ends) - max(float(t[0]) for t in every)
     dist.all_reduce(instants, op=dist.ReduceOp.MAX)
     return float(instants[-1] - instants[0]) if from_last else float(instants[0])
 

@@ -5,6 +5,7 @@ server's own time per request, how long a sharded step's gloo collectives keep t
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -24,7 +25,10 @@ class Links(NamedTuple):
     push or pull beyond it (``service``); ``at_size``, the run's own collectives of a step timed just
     before it (NaN when it sends none over the links); ``duplex``, how much longer a push into the server
     took while the server sent a reply (the mean of the sharing probe's turns, whose sample the server's
-    Link.crossing_stretch draws from; NaN without a server's sharing probe)."""
+    Link.crossing_stretch draws from; NaN without a server's sharing probe); ``exit_spread``, how long
+    before the last rank the first left those collectives (the mean over their timings, summed over a
+    step's collectives as ``at_size`` is; NaN with ``at_size``): the simulator releases every rank at
+    once, and a rank that leaves first starts its next step first."""
 
     worker: Link
     launch: float
@@ -32,6 +36,7 @@ class Links(NamedTuple):
     service: float
     at_size: float
     duplex: float
+    exit_spread: float
 
 
 class Calibration(NamedTuple):
@@ -65,7 +70,7 @@ def calibrate(config: Config, settings: Settings) -> Calibration:
               "reducescatter_traffic": cluster.reducescatter_traffic, "allgather_traffic": cluster.allgather_traffic,
               # the forward the probe's slowed rank sized its sleep from, which the run is given (measure)
               "slow_forward": compute["slow_forward"] if config.slow > 1 else math.nan,
-              "link_at_size": links.at_size}
+              "link_at_size": links.at_size, "link_exit_spread": links.exit_spread}
     return Calibration(cluster, workload, values)
 
 
@@ -108,7 +113,10 @@ def calibrate_links(config: Config, settings: Settings, folder: Path, after: flo
     # summed: PowerSGD's two rounds, top-k's exchange)
     at_size = (sum(at_size_time(t) for _, _, t in measured["now"] + measured.get("gather_now", []))
                if own or gathers else math.nan)
-    return Links(link, sent["launch"], server, service, at_size, duplex)
+    exits = [spreads for _, _, spreads in measured.get("exits_now", [])]
+    exit_spread = (sum(statistics.fmean(max(s) for s in spreads) for spreads in exits)
+                   if (own or gathers) and exits and all(exits) else math.nan)
+    return Links(link, sent["launch"], server, service, at_size, duplex, exit_spread)
 
 
 def _server_link(config: Config, settings: Settings, folder: Path, pingpong: dict, burst: float,

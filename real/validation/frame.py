@@ -19,7 +19,7 @@ COLUMNS = (*KEY, "steps", "run_steps", "batch_size", "predicted_step_time", "mea
            "measured_staleness_max", "staleness_distance", "compute_time", "jitter", "link_bandwidth", "link_alpha",
            "link_launch", "server_bandwidth", "server_alpha", "server_newcomer_weight", "server_sharing_spread",
            "server_duplex_stretch", "server_service", "reducescatter_traffic", "allgather_traffic", "slow_forward",
-           "link_at_size",
+           "link_at_size", "link_exit_spread",
            "replayed_step_time", "replayed_error", "loss_steps", "loss_rel_median", "loss_rel_max", "wall_time",
            "error")
 

@@ -53,6 +53,39 @@ def test_a_collective_is_timed_from_the_last_rank_s_arrival(tmp_path):
     assert all(0 < t < LATE / 2 for t in timings["from_last"])
 
 
+def _exits_rank(rank: int, port: int, out: str) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    from real.calibration import timing
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    exits: list = []
+    # rank 0 leaves the action LATE seconds after rank 1: its part ends last
+    timed = [timing.timed_once(lambda: time.sleep(LATE if rank == 0 else 0.0), 0.0, from_last=True, exits=exits)
+             for _ in range(3)]
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"timed": timed, "exits": exits}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_a_collective_s_timing_records_how_far_before_the_last_each_rank_left(tmp_path):
+    # timed_once's ``exits``: per round, each rank's lead over the last rank to leave, increasing, the
+    # last's 0. Rank 1 leaves at once and rank 0 LATE seconds later (both started together), so each round
+    # records [0, ~LATE], and the round's time is still from the last start to the last end (~LATE).
+    out = tmp_path / "exits.json"
+    mp.spawn(_exits_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
+    result = json.loads(out.read_text())
+    assert len(result["exits"]) == 3
+    for (first, second), timed in zip(result["exits"], result["timed"]):
+        assert first == 0.0 and LATE * 0.9 <= second < LATE * 1.5
+        assert LATE * 0.9 <= timed < LATE * 1.5
+
+
 AFTER, WORK = 0.15, 0.01  # seconds each rank stays busy after the action, and the action's own time
 
 
@@ -109,3 +142,7 @@ def test_the_link_probe_times_the_runs_own_sizes_each_after_a_busy_rest(tmp_path
     assert [(size, precision) for size, precision, _ in probe["at_size"]] == [(4096, "fp32"), (2048, "fp16")]
     for _, _, timings in probe["at_size"]:
         assert AT_REPEATS <= len(timings) <= AT_MAX_REPEATS and all(0 < t < 1.0 for t in timings)
+    # each timing's exit spreads are kept beside it: one pair per timing (two ranks), the last rank's 0 first
+    assert [(size, precision) for size, precision, _ in probe["at_exits"]] == [(4096, "fp32"), (2048, "fp16")]
+    for (_, _, timings), (_, _, spreads) in zip(probe["at_size"], probe["at_exits"]):
+        assert len(spreads) == len(timings) and all(len(s) == 2 and s[0] == 0.0 <= s[1] < 1.0 for s in spreads)

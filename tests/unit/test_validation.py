@@ -278,6 +278,8 @@ def test_sizes_timed_now_are_timed_at_every_call_never_cached_and_fitted_from_th
         time = next(timings)
         probe["at_size"] = [[int(size), precision, [time] * AT_REPEATS]
                             for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
+        probe["at_exits"] = [[int(size), precision, [[0.0, time / 4]] * AT_REPEATS]
+                             for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
         Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
         return [0, 0]
 
@@ -588,7 +590,8 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
         return {"burst": 15_000, "fits": {"pingpong": fit | {"launch": 0.0, "bandwidth": 6e6}, "allreduce_fp32": fit,
                                           "allreduce_fp16": fit} | ({"allgather_fp32": gather_fit} if gathers else {}),
                 "now": [[size, precision, [7e-3] * AT_REPEATS] for size, precision in now],
-                "gather_now": [[values, precision, [9e-3] * AT_REPEATS] for values, precision in gathers]}
+                "gather_now": [[values, precision, [9e-3] * AT_REPEATS] for values, precision in gathers],
+                "exits_now": [[*item, [[0.0, 1e-3], [0.0, 3e-3]]] for item in (*now, *gathers)]}
 
     monkeypatch.setattr("real.calibration.link_probe.measure_link", measure_link)
     monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", lambda *a, **k: FAKE_COMPUTE)
@@ -607,9 +610,12 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
         assert probed[-1] == (hosts, timed_size(config), timed_gather(config))
         assert cluster.collective_latency == values["link_launch"] == launch
         if at_size is None:
-            assert math.isnan(values["link_at_size"])
+            assert math.isnan(values["link_at_size"]) and math.isnan(values["link_exit_spread"])
         else:
             assert values["link_at_size"] == pytest.approx(at_size)
+            # the first rank's lead over the last, averaged over the timings (1 and 3 ms), per collective
+            collectives = len(timed_size(config)) + len(timed_gather(config))
+            assert values["link_exit_spread"] == pytest.approx(2e-3 * collectives)
     assert cluster.inter.bandwidth == values["link_bandwidth"] == 6e6  # top-k's: the all-gather fit's rate
     # the link probe sweeps the precisions the grid's schemes send (the default grid: fp32 and fp16)
     assert set(swept) == {("fp16", "fp32")}
@@ -1136,6 +1142,8 @@ def test_a_row_s_own_timings_are_timed_afresh_online_and_read_back_offline(monke
         time = next(timings)
         probe["at_size"] = [[int(size), precision, [time] * AT_REPEATS]
                             for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
+        probe["at_exits"] = [[int(size), precision, [[0.0, time / 4]] * AT_REPEATS]
+                             for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
         Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
         return [0, 0]
 
@@ -1147,6 +1155,7 @@ def test_a_row_s_own_timings_are_timed_afresh_online_and_read_back_offline(monke
     with offline():
         again = measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own, keep="row")
         assert again["now"] == [[407_080, "fp32", [4e-3] * AT_REPEATS]]
+        assert again["exits_now"] == [[407_080, "fp32", [[0.0, 1e-3]] * AT_REPEATS]]  # kept beside them
         with pytest.raises(NotCached):
             measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own, keep="another-row")
     assert launches == ["", "407080:fp32", "407080:fp32"]
