@@ -171,6 +171,13 @@ class Cluster(ConfigFile):
     gpu_memory: float | str | None = None
     """Bytes of memory of each GPU (or "80GiB"): what a worker's training state, buffers and activations
     must fit in (syncsim.memory; a result's ``fits``). None (the default): not given, and not checked."""
+    host_cores: int | None = None
+    """Every GPU's compute runs on one host of this many CPU cores (an emulated cluster on one machine,
+    as real.testbed's): the workload's compute_time is a step with every worker computing at once, and
+    after a collective the workers, leaving it ``exit_spread`` apart, share the cores (syncsim.host).
+    None (the default): each GPU computes on its own."""
+    exit_spread: float | str = 0.0
+    """With ``host_cores``: seconds between the first and the last worker leaving a collective."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -203,6 +210,13 @@ class Cluster(ConfigFile):
         if self.gpu_memory is not None:
             memory = parse_size(self.gpu_memory, "Cluster.gpu_memory")
             object.__setattr__(self, "gpu_memory", check_positive(owner, "gpu_memory", memory))
+        if self.host_cores is not None:
+            object.__setattr__(self, "host_cores", check_int(owner, "host_cores", self.host_cores, 1, 2**20))
+        spread = parse_time(self.exit_spread, "Cluster.exit_spread")
+        object.__setattr__(self, "exit_spread", check_float(owner, "exit_spread", spread, low=0.0, high=3600.0))
+        if self.exit_spread > 0 and self.host_cores is None:
+            raise ValueError(f"Cluster.exit_spread ({self.exit_spread!r} s) needs host_cores: the spread only "
+                             f"decides how workers sharing one host's cores overlap their compute")
 
     def _check_links(self) -> None:
         """intra, inter and server_link as Links (a dict becomes one), each required where the shape needs it."""

@@ -48,6 +48,7 @@ from syncsim.communicator import ALLGATHER, Communicator, build_schedule
 from syncsim.compression.work import compression_work
 from syncsim.compute import ComputeTimes, ReplayedTimes
 from syncsim.config import check_int
+from syncsim.host import SharedHost
 from syncsim.limits import SIM_BYTES_PER_WORKER_STEP, check_memory
 from syncsim.model_state import ModelState
 from syncsim.recorder import KIND_CODE, Recorder
@@ -80,6 +81,9 @@ _GENERATOR = type(x for x in ())
 _COMPUTE, _PUSH, _PULL, _WAIT = (KIND_CODE[k] for k in ("compute", "push", "pull", "wait"))
 _COLLECTIVES = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseAllGather, OuterStep,
                 AllGatherParameters, ReduceScatterGradients)
+# collectives every worker waits out and leaves before its next action (a sharded action is only noted,
+# and carried out with the step's compute in one schedule): what a shared host's workers leave apart
+_LEFT = tuple(kind for kind in _COLLECTIVES if kind not in SHARDED_ACTIONS)
 
 
 @dataclass(slots=True)
@@ -107,10 +111,13 @@ class _Run:
         self.state = ModelState(self.workers, self.recorder)
         self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction,
                                     workload.shapes)
+        self.host = None  # one host's cores shared by every worker's compute (syncsim.host), when the cluster has one
         if compute_times is None:
             self.times = ComputeTimes(cluster, workload, seed)
             self.idle_extra = workload.idle_extra if workload.idle_cost else None
-        else:  # measured phases already hold whatever their idling cost them: no idle cost on top
+            if cluster.host_cores is not None:
+                self.host = SharedHost(cluster.host_cores, cluster.gpus, cluster.exit_spread, seed)
+        else:  # measured phases already hold whatever their idling (and sharing) cost them: nothing on top
             self.times, self.idle_extra = ReplayedTimes(compute_times, steps, cluster.gpus), None
         self.comm = Communicator(env, cluster, self.recorder, self.state)
         uses_servers = self.policy.needs_servers(steps)
@@ -141,18 +148,24 @@ class _Run:
     # delays the start of the next compute. Uncontended, both equal alpha + n/B.
     def worker(self, w: int):
         plan, steps, handlers, step_end, env = self.policy.plan, self.steps, self.handlers, self.step_end, self.env
-        times, idle_extra = self.times, self.idle_extra
+        times, idle_extra, host = self.times, self.idle_extra, self.host
         pending = PendingCompute()
         computed = None  # when this worker's last compute ended
+        left_collective = False  # whether the worker's last action was a collective, just over
         noted = self.noted[w]
         for step in range(steps):
             for action in plan(step, steps):
                 if type(action) is Compute:
-                    start, duration = env.now + pending.owed, times(step, w)
+                    start = env.now + pending.owed
+                    if left_collective:  # shared with the others who left it (syncsim.host)
+                        duration = host.after_collective(step, w, times)  # type: ignore[union-attr]
+                    else:
+                        duration = times(step, w)
                     if idle_extra is not None and computed is not None and start > computed:
                         duration += idle_extra(start - computed)  # it idled since (Workload.idle_cost)
                     pending.start, pending.duration, pending.outstanding, pending.owed = start, duration, True, 0.0
                     computed = start + duration
+                    left_collective = False
                     continue
                 if idle_extra is not None and type(action) in _COLLECTIVES:
                     computed = None  # the worker's own reduction keeps its processor busy: not idle
@@ -162,6 +175,7 @@ class _Run:
                         yield from wait
                     else:
                         yield wait
+                left_collective = host is not None and type(action) in _LEFT
             if noted:  # the step's sharded actions, with its compute, as one schedule
                 yield self._sharded(w, step, pending, noted)
             if pending.outstanding:  # a step that ends on its own compute (a local step)

@@ -5,6 +5,7 @@ server's own time per request, how long a sharded step's gloo collectives keep t
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -16,7 +17,7 @@ from real.validation.traffic import message_bytes, sync_action, timed_gather, ti
 if TYPE_CHECKING:
     from syncsim import Cluster, Link, Workload
 
-__all__ = ["Calibration", "Links", "calibrate", "calibrate_links", "slow_speed"]
+__all__ = ["Calibration", "Links", "calibrate", "calibrate_links", "shared_host", "slow_speed"]
 
 
 class Links(NamedTuple):
@@ -26,9 +27,9 @@ class Links(NamedTuple):
     before it (NaN when it sends none over the links); ``duplex``, how much longer a push into the server
     took while the server sent a reply (the mean of the sharing probe's turns, whose sample the server's
     Link.crossing_stretch draws from; NaN without a server's sharing probe); ``exit_spread``, how long
-    before the last rank the first left those collectives (the mean over their timings, summed over a
-    step's collectives as ``at_size`` is; NaN with ``at_size``): the simulator releases every rank at
-    once, and a rank that leaves first starts its next step first."""
+    before the last rank the first left those collectives (the mean over their timings, and over a
+    step's collectives' means; NaN with ``at_size``): a rank that leaves first starts its next step
+    first (the Cluster's exit_spread)."""
 
     worker: Link
     launch: float
@@ -114,7 +115,7 @@ def calibrate_links(config: Config, settings: Settings, folder: Path, after: flo
     at_size = (sum(at_size_time(t) for _, _, t in measured["now"] + measured.get("gather_now", []))
                if own or gathers else math.nan)
     exits = [spreads for _, _, spreads in measured.get("exits_now", [])]
-    exit_spread = (sum(statistics.fmean(max(s) for s in spreads) for spreads in exits)
+    exit_spread = (statistics.fmean(statistics.fmean(max(s) for s in spreads) for spreads in exits)
                    if (own or gathers) and exits and all(exits) else math.nan)
     return Links(link, sent["launch"], server, service, at_size, duplex, exit_spread)
 
@@ -184,6 +185,15 @@ def _cluster(config: Config, compute: dict, links: Links) -> Cluster:
                                server_link=links.server if config.servers else None, server_service=links.service,
                                speed=speed, jitter=compute["jitter"], collective_latency=links.launch,
                                name="testbed")
+
+
+def shared_host(cluster: Cluster, values: dict) -> Cluster:
+    """``cluster`` (a row's calibrated Cluster, ``values`` its measured values) as one host whose cores the
+    ranks share (syncsim.host): this process's cores, and the spread with which the row's own collectives
+    let their ranks go (``link_exit_spread``; none where it timed no collective). A diagnostic
+    (repredict --host), not the study's prediction: see real.md's known limits."""
+    spread = values.get("link_exit_spread", math.nan)
+    return cluster.replace(host_cores=len(os.sched_getaffinity(0)), exit_spread=spread if spread > 0 else 0.0)
 
 
 def _workload(config: Config, compute: dict, batch_size: int) -> Workload:

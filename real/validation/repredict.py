@@ -10,6 +10,11 @@ records (OUT/runs/NAME/trace.csv, updates.csv) are gone, keeps its recorded pred
 says how many rows each. Re-predicted rows are compared with their runs as the study compares them
 (real.validation.evaluation.compared), the measured figures read again from the kept records.
 
+``--host`` is a diagnostic too: every row's cluster is one host whose cores the ranks share, the ranks
+leaving each collective as far apart as the row's own timed collectives let them go
+(real.validation.calibration.shared_host, syncsim.host); a study older than that spread's record gives
+no spread, and its rows compute together after a collective as before.
+
 ``--compute drawn`` is a diagnostic instead: each row's compute is drawn at random from its own run's
 compute phases rather than from the probe's distribution (real.validation.prediction.predict_drawn), and
 ``--compute drawn-untailed`` does the same with the phases' tail cut off; a row whose run communicates
@@ -37,14 +42,16 @@ def _settings(frame: pd.DataFrame, configs: list[Config], out: Path) -> Settings
                     prefix="sstb", run_timeout=300.0, loss_steps=0, precisions=sent_precisions(configs))
 
 
-def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe") -> tuple[pd.DataFrame, dict[str, int]]:
+def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe",
+              host: bool = False) -> tuple[pd.DataFrame, dict[str, int]]:
     """``frame`` (a study's validation.csv under ``out``) with each measured row's prediction redone from
     the cached calibration; and how many rows were re-predicted, kept and not cached (each of those two
     keeps its recorded prediction). With ``compute`` one of prediction.DRAWN, a diagnostic: each row's
     compute is drawn from its run's own compute phases (prediction.predict_drawn), and a row whose run
-    communicates nothing or whose trace has no compute phase is kept."""
+    communicates nothing or whose trace has no compute phase is kept. With ``host``, a diagnostic: each
+    row's cluster is a shared host (calibration.shared_host)."""
     from real.calibration.cache import NotCached, offline
-    from real.validation.calibration import calibrate
+    from real.validation.calibration import calibrate, shared_host
     from real.validation.evaluation import compared
     from real.validation.frame import derive
     from real.validation.measurement import read_steady
@@ -69,11 +76,11 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe") -> tuple[p
             counts["not cached"] += 1
             continue
         scheme = as_run_on_gloo(config.scheme)
+        cluster = shared_host(calibration.cluster, row.to_dict()) if host else calibration.cluster
         if compute == "probe":
-            prediction = predict(simulate(calibration.cluster, calibration.workload, scheme, steps=steps, seed=0))
+            prediction = predict(simulate(cluster, calibration.workload, scheme, steps=steps, seed=0))
         else:
-            prediction = predict_drawn(calibration.cluster, calibration.workload, scheme, trace, steps, config.world,
-                                       compute)
+            prediction = predict_drawn(cluster, calibration.workload, scheme, trace, steps, config.world, compute)
             if prediction is None:
                 counts["kept"] += 1
                 continue
@@ -95,12 +102,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="probe: the prediction as the study makes it (default); drawn: a diagnostic, each "
                          "row's compute drawn from its run's own compute phases; drawn-untailed: the same "
                          f"with phases over {TAIL:g} times their median replaced by the median")
+    ap.add_argument("--host", action="store_true",
+                    help="a diagnostic: each row's ranks share this machine's cores, leaving each collective as far "
+                         "apart as the row's own timed collectives let them go (syncsim.host)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     if not (out / "validation.csv").is_file():
         ap.error(f"out: {out / 'validation.csv'} does not exist (run python -m studies.validation --out {out})")
-    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out, args.compute)
-    written = out / ("repredicted.csv" if args.compute == "probe" else f"repredicted-{args.compute}.csv")
+    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out, args.compute, args.host)
+    written = out / ("repredicted" + ("" if args.compute == "probe" else f"-{args.compute}")
+                     + ("-host" if args.host else "") + ".csv")
     frame.to_csv(written, index=False)
     print(f"re-predicted {counts['repredicted']} rows from {out / 'calibration'}; {counts['kept']} kept their "
           f"recorded prediction (with --compute drawn: their run has no compute phase of its own), "
@@ -108,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
           f"study older than its rows' kept collective timings lacks them for all-reducing rows): these keep "
           f"their recorded prediction too")
     why = ("these rows were predicted again from a finished study's runs; only the study, which times its "
-           "machine first, judges its targets" if args.compute == "probe" else
-           "a diagnostic that gives each row its run's own compute, not a prediction")
+           "machine first, judges its targets" if args.compute == "probe" and not args.host else
+           "a diagnostic that gives each row its run's own compute, not a prediction" if not args.host else
+           "a diagnostic that gives each row's ranks one shared host, not the study's prediction")
     for line in summary_lines(frame, not_judged=why):
         print(line)
     print(f"wrote {written}")

@@ -183,3 +183,33 @@ def test_a_runs_tail_slows_the_drawn_prediction_and_untailed_removes_it():
 def test_repredict_names_its_compute_choices(tmp_path):
     with pytest.raises(ValueError, match="compute must be probe, drawn or drawn-untailed; got 'own'"):
         repredict(pd.DataFrame(), tmp_path, compute="own")
+
+
+def test_the_shared_host_diagnostic_gives_each_row_its_cores_and_its_collective_s_exit_spread(monkeypatch, tmp_path):
+    # --host: a row's cluster becomes one host of this process's cores (two, here made so) whose ranks leave
+    # each collective its recorded link_exit_spread apart (calibration.shared_host); four ranks of 4 ms
+    # together on two cores, leaving 6 ms apart, compute alone (2 ms each): 2 ms sooner a step.
+    from real.validation.calibration import shared_host
+
+    monkeypatch.setattr("real.validation.calibration.os.sched_getaffinity", lambda pid: {0, 1})
+
+    steps = 24
+    cluster = Cluster.homogeneous(gpus=4, link=Link("50Mbit/s", "100us"), name="testbed")
+    workload = Workload(param_bytes=4e5, compute_time=4e-3, batch_size=32, name="mlp")
+    ring = Config("allreduce", 4, "50Mbit/s", "mlp")
+    run = simulate(cluster, workload, as_run_on_gloo(ring.scheme), steps=steps, seed=3)
+    folder = tmp_path / "runs" / ring.name
+    folder.mkdir(parents=True)
+    run.trace.to_csv(folder / "trace.csv", index=False)
+    run.updates.to_csv(folder / "updates.csv", index=False)
+    measured = steady_state(run.trace, run.updates, 32, steps=steps, workers=4)
+    frame = pd.DataFrame([_row(ring, run.steady, measured, steps) | {"link_exit_spread": 6e-3}])
+    monkeypatch.setattr("real.validation.calibration.calibrate", lambda config, settings: Calibration(
+        cluster, workload, {}))
+    plain, _ = repredict(frame, tmp_path)
+    shared, _ = repredict(frame, tmp_path, host=True)
+    host = shared_host(cluster, {"link_exit_spread": 6e-3})
+    assert host.host_cores == 2 and host.exit_spread == 6e-3
+    want = predict(simulate(host, workload, as_run_on_gloo(ring.scheme), steps=steps, seed=0)).steady.step_time
+    assert shared.loc[0, "predicted_step_time"] == pytest.approx(want, rel=1e-12)
+    assert shared.loc[0, "predicted_step_time"] == pytest.approx(plain.loc[0, "predicted_step_time"] - 2e-3, rel=1e-6)
