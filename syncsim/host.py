@@ -3,7 +3,7 @@
 Real GPUs compute independently; the testbed's ranks (real.testbed) are processes on one machine of a
 few cores. Its compute probe times a rank's step with every rank computing at once, which is what
 ``Workload.compute_time`` then is. After a collective the ranks do not start together: a gloo ring's
-ranks leave it milliseconds apart (four hosts of the small model: 3.6-4.5 ms at every rate, measured by
+ranks leave it milliseconds apart (four hosts of the small model: 3.2-4.5 ms at every rate, measured by
 real.calibration.timing's exits), and whoever leaves first computes while the others are still in the
 ring or computing beside it. How much their compute then overlaps on the cores, not the probe's
 all-at-once step, sets when the last of them reaches the next collective.
@@ -12,8 +12,10 @@ all-at-once step, sets when the last of them reaches the next collective.
 probe saw (max(1, workers / cores)); after each collective the ranks leave ``exit_spread`` apart (evenly
 spaced, in an order drawn per collective), and their work is shared among the cores by processor
 sharing (each of n computing ranks progresses at min(1, cores / n) of a core), the model
-syncsim.network uses for flows sharing a link. With no spread the ranks start together and each step
-takes the drawn time, as before; with a spread longer than a step's work each computes alone.
+syncsim.network uses for flows sharing a link. With no spread the ranks start together and, their
+draws equal, each takes the drawn time, as without a host (unequal draws end closer together than drawn:
+the cores are shared until the shortest is done); with a spread longer than a step's work each computes
+alone.
 Compute that does not follow a collective (a local step, a parameter-server worker's) keeps the drawn
 time: the ranks are then all computing, as in the probe.
 """

@@ -83,10 +83,10 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
         store(path, measured)
     timed = {}
     if fresh or gathered:
-        def timed_now() -> dict:
+        def time_now() -> dict:
             return measure(fresh, sweep_sizes=False, tag="-now", gather=gathered)["probe"]
 
-        timed = recorded(folder / f"now-{name}-{slug(keep)}.json", timed_now) if keep else timed_now()
+        timed = recorded(folder / f"now-{name}-{slug(keep)}.json", time_now) if keep else time_now()
     timed_now, gather_now, exits_now = timed.get("at_size", []), timed.get("at_gather", []), timed.get("at_exits", [])
     probe = measured["probe"] | {"at_size": timed_now, "at_gather": gather_now}
     # every all-reduce the run sends a step, when it sends several (PowerSGD's two rounds)
