@@ -72,7 +72,7 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
         return _run_link_probe(bandwidth, folder, name + tag, prefix, hosts, repeats,
                                ["--at", encode_at(at), "--precisions", ",".join(swept)]
                                + (["--gather", encode_at(gather)] if gather else [])
-                               + (["--after", repr(after)] if gather or at else [])
+                               + (["--after", repr(float(after))] if gather or at else [])
                                + ([] if sweep_sizes else ["--no-sweep"]))
 
     path = folder / f"link-{name}.json"
