@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from real.validation.config import Config, model_shapes
 from real.validation.settings import Settings
-from real.validation.traffic import message_bytes, sync_action, timed_gather, timed_size
+from real.validation.traffic import message_bytes, steps_per_sync, sync_action, timed_gather, timed_size
 
 if TYPE_CHECKING:
     from syncsim import Cluster, Link, Workload
@@ -58,7 +58,8 @@ def calibrate(config: Config, settings: Settings) -> Calibration:
     # with the last rank slowed as the run's last worker is in a straggler row
     compute = measure_scheme_compute(config.model, settings.batch_size, config.world, folder, scheme=config.scheme,
                               slow=config.slow, repeat=slug(config.bandwidth) if config.baseline else "")
-    links = calibrate_links(config, settings, folder, after=compute["compute_time"])
+    # the run's own collectives are timed with each rank busy afterwards for what it computes before its next
+    links = calibrate_links(config, settings, folder, after=compute["compute_time"] * steps_per_sync(config))
     workload = _workload(config, compute, settings.batch_size)
     cluster = _cluster(config, compute, links)
     cluster = cluster.replace(**sharded_traffic(config, settings, folder, cluster, workload))
@@ -78,7 +79,7 @@ def calibrate(config: Config, settings: Settings) -> Calibration:
 def calibrate_links(config: Config, settings: Settings, folder: Path, after: float = 0.0) -> Links:
     """The links' rates around the size of what the run sends at once: the gradient at the wire precision;
     the run's own collectives, timed in the minute before it, are each followed by ``after`` seconds of
-    busy ranks (the run's compute step: measure_link's ``after``)."""
+    busy ranks (what the run computes between its collectives: measure_link's ``after``)."""
     from real.calibration.link_fit import at_size_time
     from real.calibration.link_probe import measure_link
     from syncsim import Link

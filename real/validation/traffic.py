@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 from real.validation.config import STEPS, Config, model_bytes, model_shapes
 
-__all__ = ["AllReduceSize", "GatherSize", "sync_action", "message_bytes", "timed_size", "timed_gather",
-           "sent_precisions"]
+__all__ = ["AllReduceSize", "GatherSize", "sync_action", "steps_per_sync", "message_bytes", "timed_size",
+           "timed_gather", "sent_precisions"]
 
 
 class AllReduceSize(NamedTuple):
@@ -51,6 +51,28 @@ def sync_action(config: Config):
     if config.servers or config.world < 2:
         return None
     return _sync_action(config.scheme, config.model)
+
+
+@functools.cache
+def _steps_per_sync(scheme: str, model: str) -> float:
+    from real.models import build, param_layers
+    from syncsim.schemes import parse
+    from syncsim.schemes.actions import COLLECTIVE_SYNCS
+
+    layers = param_layers(build(model, 0))
+    policy = parse(scheme).policy(sum(layers), layers=layers, shapes=model_shapes(model))
+    synced = sum(any(isinstance(a, COLLECTIVE_SYNCS) for a in policy.plan(step, STEPS)) for step in range(STEPS))
+    return STEPS / synced if synced else 1.0
+
+
+def steps_per_sync(config: Config) -> float:
+    """How many steps a worker of ``config`` computes between its collectives, on average over STEPS
+    steps, as real.executor plans them: 1 for a scheme that synchronises every step, the period for
+    local SGD's averaging and DiLoCo's outer step; 1 for a run with no collective between workers. What a
+    rank computes after leaving one collective before it meets the next (the link probe's ``after``)."""
+    if config.servers or config.world < 2:
+        return 1.0
+    return _steps_per_sync(config.scheme, config.model)
 
 
 def message_bytes(config: Config) -> float:

@@ -623,8 +623,10 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     assert cluster.inter.bandwidth == values["link_bandwidth"] == 6e6  # top-k's: the all-gather fit's rate
     # the link probe sweeps the precisions the grid's schemes send (the default grid: fp32 and fp16)
     assert set(swept) == {("fp16", "fp32")}
-    # the run's own collectives are timed with the ranks busy after them for the compute probe's step
-    assert set(afters) == {FAKE_COMPUTE["compute_time"]}
+    # the run's own collectives are timed with the ranks busy after them for what they compute before the
+    # next: the compute probe's step, times the steps between collectives (local SGD's and DiLoCo's period)
+    step = FAKE_COMPUTE["compute_time"]
+    assert afters == [step, 4 * step, step, step, 4 * step, step, step]
 
 
 def test_a_stall_of_the_machine_falls_on_one_timing_per_size_and_the_medians_discard_it():
@@ -1163,6 +1165,18 @@ def test_a_row_s_own_timings_are_timed_afresh_online_and_read_back_offline(monke
         with pytest.raises(NotCached):
             measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own, keep="another-row")
     assert launches == ["", "407080:fp32", "407080:fp32"]
+
+
+def test_a_run_computes_its_period_between_collectives():
+    # steps_per_sync: the steps of a worker's plan over STEPS per step holding a collective: every step for
+    # an all-reduce (PowerSGD's two rounds, top-k's exchange too), the period for local SGD's averaging
+    # and DiLoCo's outer step; 1 where there is no collective between workers (a server, one worker).
+    from real.validation.traffic import steps_per_sync
+
+    for scheme, world, want in (("allreduce", 2, 1.0), ("allreduce:compression=powersgd,rank=4", 2, 1.0),
+                                ("topk:ratio=0.01", 2, 1.0), ("localsgd:period=4", 4, 4.0),
+                                ("diloco:period=4", 2, 4.0), ("localsgd:period=4", 1, 1.0), ("ps", 2, 1.0)):
+        assert steps_per_sync(Config(scheme, world, "1Gbit/s", "mlp")) == want, scheme
 
 
 def test_the_link_probe_s_after_option_is_checked(tmp_path, capsys):
