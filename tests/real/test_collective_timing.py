@@ -18,7 +18,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, port: int, out: str) -> None:
+def _in_group(rank: int, port: int, out: str, body) -> None:
+    """One of two gloo ranks on loopback running ``body(rank)``; rank 0 writes what it returns to ``out``."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    result = body(rank)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def _spawned(tmp_path, body) -> dict:
+    """What rank 0 of two spawned ranks running ``body`` (a module-level function) returned."""
+    out = tmp_path / f"{body.__name__}.json"
+    mp.spawn(_in_group, args=(_free_port(), str(out), body), nprocs=2, join=True)
+    return json.loads(out.read_text())
+
+
+def _late_peer(rank: int) -> dict:
     import time
     import types
 
@@ -27,49 +47,34 @@ def _rank(rank: int, port: int, out: str) -> None:
 
     from real.calibration import timing
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     if rank == 1:  # rank 1 leaves each round's rest LATE seconds after rank 0
         timing.time = types.SimpleNamespace(perf_counter=time.perf_counter,
                                             sleep=lambda s: time.sleep(s + LATE))
     buf = torch.zeros(1024)
-    timings = {kind: [timing.timed_once(lambda: dist.all_reduce(buf), 0.0, from_last=kind == "from_last")
-                      for _ in range(3)]
-               for kind in ("slowest", "from_last")}
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(timings, f)
-    dist.destroy_process_group()
+    return {kind: [timing.timed_once(lambda: dist.all_reduce(buf), 0.0, from_last=kind == "from_last")
+                   for _ in range(3)]
+            for kind in ("slowest", "from_last")}
 
 
 @pytest.mark.distributed
 def test_a_collective_is_timed_from_the_last_rank_s_arrival(tmp_path):
     # The slowest rank's own elapsed time counts the wait for a late peer (>= LATE); timed from the last
     # arrival, a 4 kB all-reduce on loopback takes milliseconds, as syncsim charges it once all have arrived.
-    out = tmp_path / "timings.json"
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
-    timings = json.loads(out.read_text())
+    timings = _spawned(tmp_path, _late_peer)
     assert all(t >= LATE for t in timings["slowest"])
     assert all(0 < t < LATE / 2 for t in timings["from_last"])
 
 
-def _exits_rank(rank: int, port: int, out: str) -> None:
+def _late_leaver(rank: int) -> dict:
     import time
-
-    import torch.distributed as dist
 
     from real.calibration import timing
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     exits: list = []
     # rank 0 leaves the action LATE seconds after rank 1: its part ends last
     timed = [timing.timed_once(lambda: time.sleep(LATE if rank == 0 else 0.0), 0.0, from_last=True, exits=exits)
              for _ in range(3)]
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"timed": timed, "exits": exits}, f)
-    dist.destroy_process_group()
+    return {"timed": timed, "exits": exits}
 
 
 @pytest.mark.distributed
@@ -77,9 +82,7 @@ def test_a_collective_s_timing_records_how_far_before_the_last_each_rank_left(tm
     # timed_once's ``exits``: per round, each rank's lead over the last rank to leave, increasing, the
     # last's 0. Rank 1 leaves at once and rank 0 LATE seconds later (both started together), so each round
     # records [0, ~LATE], and the round's time is still from the last start to the last end (~LATE).
-    out = tmp_path / "exits.json"
-    mp.spawn(_exits_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
-    result = json.loads(out.read_text())
+    result = _spawned(tmp_path, _late_leaver)
     assert len(result["exits"]) == 3
     for (first, second), timed in zip(result["exits"], result["timed"]):
         assert first == 0.0 and LATE * 0.9 <= second < LATE * 1.5
@@ -89,22 +92,14 @@ def test_a_collective_s_timing_records_how_far_before_the_last_each_rank_left(tm
 AFTER, WORK = 0.15, 0.01  # seconds each rank stays busy after the action, and the action's own time
 
 
-def _after_rank(rank: int, port: int, out: str) -> None:
+def _busy_after(rank: int) -> dict:
     import time
-
-    import torch.distributed as dist
 
     from real.calibration import timing
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     began = time.perf_counter()
     timed = [timing.timed_once(lambda: time.sleep(WORK), 0.0, from_last=True, after=AFTER) for _ in range(3)]
-    elapsed = time.perf_counter() - began
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"timed": timed, "elapsed": elapsed}, f)
-    dist.destroy_process_group()
+    return {"timed": timed, "elapsed": time.perf_counter() - began}
 
 
 @pytest.mark.distributed
@@ -112,9 +107,7 @@ def test_the_busy_after_a_timed_collective_is_spent_but_not_timed(tmp_path):
     # timed_once's ``after`` keeps each rank busy once its part is over (a run's next compute step): the
     # three rounds take at least 3 x AFTER of wall time, yet each round's time is its action's (WORK, a
     # sleep), not WORK + AFTER: the busy period lies outside the instants the ranks compare.
-    out = tmp_path / "after.json"
-    mp.spawn(_after_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
-    result = json.loads(out.read_text())
+    result = _spawned(tmp_path, _busy_after)
     assert result["elapsed"] >= 3 * AFTER
     assert all(WORK <= t < WORK + AFTER / 2 for t in result["timed"])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -264,27 +265,32 @@ class ProbeBed:
         return None
 
 
+def _link_launcher(timings, argvs: list):
+    """A stand-in for torchrun_on running the link probe's ranks: each launch's argv goes to ``argvs``; a sweep
+    (no --no-sweep) finds a clean two-host link; each --at size is timed at the launch's next of ``timings``
+    (AT_REPEATS times), its ranks' exits a quarter of that apart."""
+    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
+        argvs.append(argv)
+        at = argv[argv.index("--at") + 1]
+        probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if "--no-sweep" not in argv else {"world": 2}
+        time = next(timings)
+        sizes = [(int(size), precision) for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
+        probe["at_size"] = [[size, precision, [time] * AT_REPEATS] for size, precision in sizes]
+        probe["at_exits"] = [[size, precision, [[0.0, time / 4]] * AT_REPEATS] for size, precision in sizes]
+        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
+        return [0, 0]
+
+    return torchrun_on
+
+
 def test_sizes_timed_now_are_timed_at_every_call_never_cached_and_fitted_from_their_own_timings(monkeypatch,
                                                                                                    tmp_path):
     # A collective the cores pace drifts with the machine's load between the study's link probe and a run
     # half an hour later: measure_link's ``now`` sizes are timed at every call (--no-sweep, the sweep
     # still cached), their timings are what the fit passes through, and the cache keeps only its own.
-    launches = []
-    timings = iter([3e-3, 5e-3, 4e-3])  # the sweep's launch draws the first
-
-    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
-        at, sweep = argv[argv.index("--at") + 1], "--no-sweep" not in argv
-        launches.append((at, sweep))
-        probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if sweep else {"world": 2}
-        time = next(timings)
-        probe["at_size"] = [[int(size), precision, [time] * AT_REPEATS]
-                            for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
-        probe["at_exits"] = [[int(size), precision, [[0.0, time / 4]] * AT_REPEATS]
-                             for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
-        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
-        return [0, 0]
-
-    monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
+    argvs: list = []
+    # the sweep's launch draws the first timing
+    monkeypatch.setattr("real.testbed.launcher.torchrun_on", _link_launcher(iter([3e-3, 5e-3, 4e-3]), argvs))
     monkeypatch.setattr("real.testbed.namespaces.Testbed", ProbeBed)
     own = ((407_080, "fp32"),)
     for expected in (5e-3, 4e-3):
@@ -296,6 +302,7 @@ def test_sizes_timed_now_are_timed_at_every_call_never_cached_and_fitted_from_th
         closed = fit["launch"] + 2 * fit["alpha"] + max(0.0, 407_080 - 125_000) / fit["bandwidth"]
         assert closed == pytest.approx(expected, rel=1e-9)
     # the sweep once (timing no size of a run), then the run's size alone at each call
+    launches = [(argv[argv.index("--at") + 1], "--no-sweep" not in argv) for argv in argvs]
     assert launches == [("", True), ("407080:fp32", False), ("407080:fp32", False)]
     cached = json.loads((tmp_path / "link-1Gbit-s-h2.json").read_text())
     assert cached["result"]["probe"]["at_size"] == []  # the cache keeps no run's timing
@@ -1111,18 +1118,8 @@ def test_the_run_s_own_sizes_are_timed_with_the_ranks_busy_after_them_and_a_bad_
                                                                                                 tmp_path):
     # measure_link's ``after`` (the run's compute step) reaches the ranks timing the run's own sizes as
     # --after; the sweep, which times no run's size, is launched without it.
-    argvs = []
-
-    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
-        argvs.append(argv)
-        at = argv[argv.index("--at") + 1]
-        probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if "--no-sweep" not in argv else {"world": 2}
-        probe["at_size"] = [[int(size), precision, [4e-3] * AT_REPEATS]
-                            for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
-        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
-        return [0, 0]
-
-    monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
+    argvs: list = []
+    monkeypatch.setattr("real.testbed.launcher.torchrun_on", _link_launcher(itertools.repeat(4e-3), argvs))
     monkeypatch.setattr("real.testbed.namespaces.Testbed", ProbeBed)
     measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=((407_080, "fp32"),), after=2.5e-3)
     sweep, now = argvs
@@ -1139,21 +1136,8 @@ def test_a_row_s_own_timings_are_timed_afresh_online_and_read_back_offline(monke
     # call's back without a launch, and a row that kept none is NotCached there.
     from real.calibration.cache import NotCached, offline
 
-    launches, timings = [], iter([3e-3, 5e-3, 4e-3])
-
-    def torchrun_on(bed, module, argv, log_dir, timeout, agent):
-        at = argv[argv.index("--at") + 1]
-        launches.append(at)
-        probe = _clean_probe(2, 1e-4, 110e6, 125_000, 1e-3) if "--no-sweep" not in argv else {"world": 2}
-        time = next(timings)
-        probe["at_size"] = [[int(size), precision, [time] * AT_REPEATS]
-                            for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
-        probe["at_exits"] = [[int(size), precision, [[0.0, time / 4]] * AT_REPEATS]
-                             for size, precision in (e.split(":") for e in filter(None, at.split(",")))]
-        Path(argv[argv.index("--probe") + 1]).write_text(json.dumps(probe))
-        return [0, 0]
-
-    monkeypatch.setattr("real.testbed.launcher.torchrun_on", torchrun_on)
+    argvs: list = []
+    monkeypatch.setattr("real.testbed.launcher.torchrun_on", _link_launcher(iter([3e-3, 5e-3, 4e-3]), argvs))
     monkeypatch.setattr("real.testbed.namespaces.Testbed", ProbeBed)
     own = ((407_080, "fp32"),)
     for expected in (5e-3, 4e-3):
@@ -1164,7 +1148,7 @@ def test_a_row_s_own_timings_are_timed_afresh_online_and_read_back_offline(monke
         assert again["exits_now"] == [[407_080, "fp32", [[0.0, 1e-3]] * AT_REPEATS]]  # kept beside them
         with pytest.raises(NotCached):
             measure_link("1Gbit/s", tmp_path, message_bytes=407_080, now=own, keep="another-row")
-    assert launches == ["", "407080:fp32", "407080:fp32"]
+    assert [argv[argv.index("--at") + 1] for argv in argvs] == ["", "407080:fp32", "407080:fp32"]
 
 
 def test_a_run_computes_its_period_between_collectives():
