@@ -27,18 +27,23 @@ class GatherSize(NamedTuple):
 
 
 @functools.cache
-def _sync_action(scheme: str, model: str):
+def _synced_plan(scheme: str, model: str) -> tuple[tuple, ...]:
+    """Each of STEPS steps' collectives that synchronise workers (COLLECTIVE_SYNCS), as real.executor plans
+    ``scheme`` for ``model``'s layers and tensor shapes."""
     from real.models import build, param_layers
     from syncsim.schemes import parse
     from syncsim.schemes.actions import COLLECTIVE_SYNCS
 
     layers = param_layers(build(model, 0))
     policy = parse(scheme).policy(sum(layers), layers=layers, shapes=model_shapes(model))
+    return tuple(tuple(a for a in policy.plan(step, STEPS) if isinstance(a, COLLECTIVE_SYNCS)) for step in range(STEPS))
+
+
+def _sync_action(scheme: str, model: str):
     counts: dict = {}
-    for step in range(STEPS):
-        for action in policy.plan(step, STEPS):
-            if isinstance(action, COLLECTIVE_SYNCS):
-                counts[action] = counts.get(action, 0) + 1
+    for synced in _synced_plan(scheme, model):
+        for action in synced:
+            counts[action] = counts.get(action, 0) + 1
     return max(counts, key=counts.get) if counts else None  # the first of the most frequent
 
 
@@ -53,15 +58,8 @@ def sync_action(config: Config):
     return _sync_action(config.scheme, config.model)
 
 
-@functools.cache
 def _steps_per_sync(scheme: str, model: str) -> float:
-    from real.models import build, param_layers
-    from syncsim.schemes import parse
-    from syncsim.schemes.actions import COLLECTIVE_SYNCS
-
-    layers = param_layers(build(model, 0))
-    policy = parse(scheme).policy(sum(layers), layers=layers, shapes=model_shapes(model))
-    synced = sum(any(isinstance(a, COLLECTIVE_SYNCS) for a in policy.plan(step, STEPS)) for step in range(STEPS))
+    synced = sum(bool(step) for step in _synced_plan(scheme, model))
     return STEPS / synced if synced else 1.0
 
 
