@@ -78,9 +78,9 @@ class SharedHost:
 
     def _schedule(self, step: int, times) -> list[float]:
         n = self.workers
-        order = np.random.default_rng([self.seed, step, 1]).permutation(n) if n > 1 else np.zeros(1, dtype=int)
+        gap = self.spread / (n - 1) if n > 1 else 0.0  # between one worker's leaving and the next's
         leads = [0.0] * n  # how long before the collective's end each worker left it
-        for position, worker in enumerate(order):
-            leads[int(worker)] = self.spread * (n - 1 - position) / (n - 1) if n > 1 else 0.0
+        for position, worker in enumerate(np.random.default_rng([self.seed, step, 1]).permutation(n)):
+            leads[int(worker)] = gap * (n - 1 - position)
         works = [times(step, w) / self.contention for w in range(n)]
         return [max(0.0, end) for end in shared_finish([-lead for lead in leads], works, self.cores)]

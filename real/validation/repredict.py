@@ -118,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{counts['not cached']} not cached (their calibration or their run's records are not in {out}; a "
           f"study older than its rows' kept collective timings lacks them for all-reducing rows): these keep "
           f"their recorded prediction too")
-    why = ("these rows were predicted again from a finished study's runs; only the study, which times its "
-           "machine first, judges its targets" if args.compute == "probe" and not args.host else
-           "a diagnostic that gives each row its run's own compute, not a prediction" if not args.host else
-           "a diagnostic that gives each row's ranks one shared host, not the study's prediction")
+    if args.host:
+        why = "a diagnostic that gives each row's ranks one shared host, not the study's prediction"
+    elif args.compute != "probe":
+        why = "a diagnostic that gives each row its run's own compute, not a prediction"
+    else:
+        why = ("these rows were predicted again from a finished study's runs; only the study, which times its "
+               "machine first, judges its targets")
     for line in summary_lines(frame, not_judged=why):
         print(line)
     print(f"wrote {written}")
