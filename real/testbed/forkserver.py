@@ -51,8 +51,13 @@ from real.testbed.namespaces import NETNS_ETC
 __all__ = ["start", "ForkedRank", "PRELOAD", "signal_group", "enter"]
 
 # What the testbed's ranks import: loaded once by the server, so a forked rank finds them loaded.
+# torch imports torch._dynamo (with sympy) the first time an optimizer is built, and DDP and the sharded
+# schemes the rest of torch.distributed: 806 modules and 1.5 s of a core in each rank that builds an
+# optimizer, measured here with torch 2.13 (1.0 s once in the server). Imported by the server they start no
+# thread (the fork is still safe) and a run's ranks import nothing more.
 PRELOAD = ("torch", "torch.distributed", "real.worker", "real.calibration.ranks",
-           "pandas")  # rank 0 merges the ranks' files with pandas (real.trace.merge)
+           "pandas",  # rank 0 merges the ranks' files with pandas (real.trace.merge)
+           "torch._dynamo", "torch.nn.parallel", "torch.distributed.fsdp", "torch.distributed.tensor")
 NETNS_RUN = Path("/run/netns")  # where `ip netns add` keeps a handle on each namespace (ip-netns(8))
 START_TIMEOUT = 60.0  # seconds the server may take to import PRELOAD and fork the first rank
 # <sched.h>, <sys/mount.h>

@@ -130,3 +130,32 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.distributed
+def test_a_forked_rank_imports_no_part_of_torch_the_server_did_not(tmp_path):
+    """What a rank imports after the fork costs every rank of every run its CPU time again (torch's first
+    optimizer imports torch._dynamo and sympy: 1.5 s of a core here), so the server's PRELOAD must hold it.
+    One rank of the compute probe (an executor with its optimizer and DDP module, stepping) runs after
+    importing PRELOAD; what it imported on top of the compiler's and torch.distributed's packages is listed
+    (torch.profiler's own small modules, a millisecond, may come late)."""
+    script = (f"import importlib, os, sys\n"
+              f"HEAVY = ('sympy', 'torch._dynamo', 'torch._inductor', 'torch.fx', 'torch.distributed',"
+              f" 'torch.nn.parallel')\n"
+              f"from real.testbed.forkserver import PRELOAD\n"
+              f"for name in PRELOAD: importlib.import_module(name)\n"
+              f"before = set(sys.modules)\n"
+              f"from real.calibration.ranks import main\n"
+              f"sys.argv = ['real.calibration', '--compute', {str(tmp_path / 'c.json')!r}, '--model', 'lenet',"
+              f" '--batch-size', '8', '--scheme', 'allreduce', '--slow', '1']\n"
+              f"main()\n"
+              f"print(sorted(m for m in set(sys.modules) - before if m.startswith(HEAVY)))\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = _env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
