@@ -178,6 +178,10 @@ class Cluster(ConfigFile):
     None (the default): each GPU computes on its own."""
     exit_spread: float | str = 0.0
     """With ``host_cores``: seconds between the first and the last worker leaving a collective."""
+    host_contention: float | None = None
+    """With ``host_cores`` and more GPUs than cores: how many times longer a worker's step takes with every
+    worker computing at once than alone (a compute probe of all of them over one of one). None (the
+    default): gpus / host_cores, the cores shared evenly with nothing lost to time-slicing."""
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -214,6 +218,12 @@ class Cluster(ConfigFile):
             object.__setattr__(self, "host_cores", check_int(owner, "host_cores", self.host_cores, 1, 2**20))
         spread = parse_time(self.exit_spread, "Cluster.exit_spread")
         object.__setattr__(self, "exit_spread", check_float(owner, "exit_spread", spread, low=0.0, high=3600.0))
+        if self.host_contention is not None:
+            object.__setattr__(self, "host_contention", check_float(owner, "host_contention", self.host_contention,
+                                                                    low=1.0, high=1e3))
+            if self.host_cores is None:
+                raise ValueError(f"Cluster.host_contention ({self.host_contention!r}) needs host_cores: it says how "
+                                 f"workers sharing one host's cores slow each other")
         if self.exit_spread > 0 and self.host_cores is None:
             raise ValueError(f"Cluster.exit_spread ({self.exit_spread!r} s) needs host_cores: the spread only "
                              f"decides how workers sharing one host's cores overlap their compute")

@@ -116,7 +116,8 @@ class _Run:
             self.times = ComputeTimes(cluster, workload, seed)
             self.idle_extra = workload.idle_extra if workload.idle_cost else None
             if cluster.host_cores is not None:
-                self.host = SharedHost(cluster.host_cores, cluster.gpus, cluster.exit_spread, seed)
+                self.host = SharedHost(cluster.host_cores, cluster.gpus, cluster.exit_spread, seed,
+                                       cluster.host_contention)
         else:  # measured phases already hold whatever their idling (and sharing) cost them: nothing on top
             self.times, self.idle_extra = ReplayedTimes(compute_times, steps, cluster.gpus), None
         self.comm = Communicator(env, cluster, self.recorder, self.state)

@@ -29,10 +29,11 @@ __all__ = ["SharedHost", "shared_finish"]
 _KEPT_STEPS = 4  # schedules kept: every worker takes its compute of a step within a few steps of the others
 
 
-def shared_finish(starts, works, cores: int) -> list[float]:
+def shared_finish(starts, works, cores: int, overhead: float = 1.0) -> list[float]:
     """When each job ends: job i arrives at ``starts[i]`` with ``works[i]`` seconds of work for one core,
     and the jobs present share ``cores`` cores equally (each at min(1, cores / n) of a core while n are
-    present; processor sharing)."""
+    present; processor sharing), each ``overhead`` times slower still while more jobs than cores are present
+    (what time-slicing them costs: switches, caches refilled)."""
     order = sorted(range(len(starts)), key=lambda i: starts[i])
     finish = [0.0] * len(starts)
     left: dict[int, float] = {}  # job -> work left, for the jobs present
@@ -43,7 +44,7 @@ def shared_finish(starts, works, cores: int) -> list[float]:
         while arrived < len(order) and starts[order[arrived]] <= now:
             left[order[arrived]] = float(works[order[arrived]])
             arrived += 1
-        rate = min(1.0, cores / len(left))
+        rate = min(1.0, cores / len(left)) / (overhead if len(left) > cores else 1.0)
         first = min(left, key=left.__getitem__)
         done_at = now + left[first] / rate
         next_arrival = starts[order[arrived]] if arrived < len(order) else float("inf")
@@ -59,11 +60,19 @@ def shared_finish(starts, works, cores: int) -> list[float]:
 
 class SharedHost:
     """The compute of ``workers`` ranks on one host of ``cores`` cores (the module's docstring); ranks leave
-    each collective ``exit_spread`` seconds apart, their order drawn from ``seed``."""
+    each collective ``exit_spread`` seconds apart, their order drawn from ``seed``. ``contention``: how many
+    times longer a rank's step took with every rank computing at once than alone (None: workers / cores,
+    the cores shared evenly and nothing lost to sharing them)."""
 
-    def __init__(self, cores: int, workers: int, exit_spread: float, seed: int) -> None:
+    def __init__(self, cores: int, workers: int, exit_spread: float, seed: int,
+                 contention: float | None = None) -> None:
         self.cores, self.workers, self.spread, self.seed = cores, workers, exit_spread, seed
-        self.contention = max(1.0, workers / cores)  # how much slower the probe's ranks computed together
+        even = max(1.0, workers / cores)  # processor sharing's slowdown of every rank computing at once
+        # With more ranks than cores, time-slicing them can cost more than the even share (measured: four
+        # small-model ranks on two cores 2.5-2.9 times a lone rank's step); that excess is charged whenever
+        # more ranks than cores compute, so all of them starting together still take the drawn time.
+        self.contention = even if contention is None or workers <= cores else contention
+        self.overhead = self.contention / even
         self._schedules: dict[int, list[float]] = {}
 
     def after_collective(self, step: int, worker: int, times) -> float:
@@ -83,4 +92,4 @@ class SharedHost:
         for position, worker in enumerate(np.random.default_rng([self.seed, step, 1]).permutation(n)):
             leads[int(worker)] = gap * (n - 1 - position)
         works = [times(step, w) / self.contention for w in range(n)]
-        return [max(0.0, end) for end in shared_finish([-lead for lead in leads], works, self.cores)]
+        return [max(0.0, end) for end in shared_finish([-lead for lead in leads], works, self.cores, self.overhead)]

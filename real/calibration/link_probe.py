@@ -51,9 +51,9 @@ def measure_link(bandwidth: str, folder: Path, prefix: str = "sstb", repeats: in
     as one round like ``now`` (never cached; ``gather_now`` in the result) and fitted as
     ``allgather_<precision>`` (fit_links' ``gather``).
 
-    ``after`` (seconds: what the run computes between its collectives) keeps each rank busy once its part
-    of each ``now`` and ``gathers`` timing is over, as a run's rank starts its next step when it leaves a
-    collective. Ranks
+    ``after`` (seconds of a core's time: what a run's rank computes between its collectives) is computed by
+    each rank once its part of each ``now`` and ``gathers`` timing is over (timing.work), as a run's rank
+    starts its next step when it leaves a collective. Ranks
     leave a gloo ring milliseconds apart, and on this machine's two cores those that left first and
     compute take the cores from those still finishing: four hosts' 1.7 MB all-reduce at 1 Gbit/s, timed
     alternately, took a mean 21.8-23.1 ms with the ranks idle after it and 27.8-29.5 ms with them busy

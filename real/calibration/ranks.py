@@ -36,7 +36,7 @@ def _parser() -> ArgumentParser:
     ap.add_argument("--gather", default="", help="the link probe also times these top-k exchanges, VALUES:PRECISION,"
                                                  "... (an all-gather of VALUES int32 indices, then of VALUES values)")
     ap.add_argument("--after", type=number, default=0.0,
-                    help="seconds each rank stays busy after its part of each --at or --gather timing "
+                    help="seconds of CPU time each rank computes after its part of each --at or --gather timing "
                          "(a step's compute)")
     ap.add_argument("--no-sweep", action="store_true", help="the link probe times only --at and --gather")
     ap.add_argument("--precisions", default=",".join(PRECISIONS),

@@ -7,7 +7,7 @@ import math
 import time
 
 __all__ = ["AT_REPEATS", "AT_SECONDS", "AT_MAX_REPEATS", "SMALL", "SMALL_REPEATS", "timed_once", "interleaved",
-           "at_repeats", "busy", "refill_idle"]
+           "at_repeats", "busy", "work", "refill_idle"]
 
 SMALL, SMALL_REPEATS = 64 * 2**10, 4  # messages up to SMALL are timed SMALL_REPEATS times as often
 # The runs' own all-reduce sizes are timed after a busy rest each, as a step's compute precedes its
@@ -26,8 +26,9 @@ def timed_once(action, idle: float, from_last: bool = False, rest=None, after: f
                exits: list | None = None) -> float:
     """One round of ``action()``: every rank starts it together, after the links rested ``idle`` seconds
     (a tbf bucket refills while its link rests) while the rank ran ``rest(idle)``: busy, or by default a sleep.
-    With ``after`` > 0 each rank keeps its core busy that long once its own part is over, as a run's rank
-    starts its next step's compute when it leaves a collective (busy), before the ranks compare instants.
+    With ``after`` > 0 each rank computes that many seconds of its own core's time once its own part is over,
+    as a run's rank starts its next step's compute when it leaves a collective (work), before the ranks
+    compare instants.
 
     The round's time is its slowest rank's, or with ``from_last`` (collectives) the time from the last
     rank's start to the last rank's end, as syncsim starts a collective once every rank has arrived:
@@ -46,7 +47,7 @@ def timed_once(action, idle: float, from_last: bool = False, rest=None, after: f
     action()
     t1 = time.perf_counter()
     if after > 0:
-        busy(after)
+        work(after)
     # float64: perf_counter is seconds since boot, which float32 would round to milliseconds
     instants = torch.tensor([t0, t1] if from_last else [t1 - t0], dtype=torch.float64)
     if from_last and exits is not None:
@@ -82,6 +83,21 @@ def at_repeats(first: float) -> int:
     if not first > 0:
         return AT_REPEATS
     return int(min(AT_MAX_REPEATS, max(AT_REPEATS, math.ceil(AT_SECONDS / first))))
+
+
+def work(cpu_seconds: float) -> None:
+    """Compute ``cpu_seconds`` of this thread's own CPU time (time.thread_time), as a step's compute does
+    after a collective: alone on a core it takes that long, and longer when other ranks' compute, or
+    their threads finishing a collective, share the core. A wall-clock spin (busy) would instead hold
+    the cores for a set time whatever else runs: four small-model ranks spinning the all-at-once probe's
+    step (2.5 ms) after each timing timed their 407 kB all-reduce at 1 Gbit/s at 14.9 ms, where the run,
+    whose ranks computed 0.96 ms each, took 11.1 ms (the 2026-12-06 grid)."""
+    import torch
+
+    a = torch.ones(96, 96)
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
+        a @ a
 
 
 def busy(seconds: float) -> None:

@@ -58,8 +58,11 @@ def calibrate(config: Config, settings: Settings) -> Calibration:
     # with the last rank slowed as the run's last worker is in a straggler row
     compute = measure_scheme_compute(config.model, settings.batch_size, config.world, folder, scheme=config.scheme,
                               slow=config.slow, repeat=slug(config.bandwidth) if config.baseline else "")
-    # the run's own collectives are timed with each rank busy afterwards for what it computes before its next
-    links = calibrate_links(config, settings, folder, after=compute["compute_time"] * steps_per_sync(config))
+    # the run's own collectives are timed with each rank computing afterwards what it computes before its
+    # next: a lone rank's step (its core's time; sharing the cores slows it in the probe as in the run)
+    timed = timed_size(config) or timed_gather(config)  # a run's own collectives, which the link probe times
+    alone = lone_compute(config, settings) if timed and config.world > 1 else compute
+    links = calibrate_links(config, settings, folder, after=alone["compute_time"] * steps_per_sync(config))
     workload = _workload(config, compute, settings.batch_size)
     cluster = _cluster(config, compute, links)
     cluster = cluster.replace(**sharded_traffic(config, settings, folder, cluster, workload))
@@ -188,13 +191,41 @@ def _cluster(config: Config, compute: dict, links: Links) -> Cluster:
                                name="testbed")
 
 
-def shared_host(cluster: Cluster, values: dict) -> Cluster:
+def shared_host(cluster: Cluster, values: dict, config: Config | None = None,
+                settings: Settings | None = None) -> Cluster:
     """``cluster`` (a row's calibrated Cluster, ``values`` its measured values) as one host whose cores the
     ranks share (syncsim.host): this process's cores, and the spread with which the row's own collectives
-    let their ranks go (``link_exit_spread``; none where it timed no collective). A diagnostic
-    (repredict --host), not the study's prediction: see real.md's known limits."""
+    let their ranks go (``link_exit_spread``; none where it timed no collective). Given the row's
+    ``config`` and ``settings``, also the contention its compute probe measured (host_contention). A
+    diagnostic (repredict --host), not the study's prediction: see real.md's known limits."""
     spread = values.get("link_exit_spread", math.nan)
-    return cluster.replace(host_cores=len(os.sched_getaffinity(0)), exit_spread=spread if spread > 0 else 0.0)
+    cores = len(os.sched_getaffinity(0))
+    contention = host_contention(config, settings, cores) if config is not None and settings is not None else None
+    return cluster.replace(host_cores=cores, exit_spread=spread if spread > 0 else 0.0, host_contention=contention)
+
+
+def host_contention(config: Config, settings: Settings, cores: int) -> float | None:
+    """How many times longer a rank's step of ``config``'s scheme took with all of its workers computing at
+    once (its compute probe) than alone (the same probe of one rank; the speedup baseline's where the
+    scheme is the baseline's), when its workers outnumber ``cores``; None otherwise. Never below 1."""
+    from real.calibration.compute_probe import measure_scheme_compute
+
+    if config.world <= cores:
+        return None
+    folder = settings.out / "calibration"
+    together = measure_scheme_compute(config.model, settings.batch_size, config.world, folder, scheme=config.scheme)
+    return max(1.0, together["compute_time"] / lone_compute(config, settings)["compute_time"])
+
+
+def lone_compute(config: Config, settings: Settings) -> dict:
+    """The compute probe of one rank alone doing a worker's step of ``config``'s scheme (the speedup
+    baseline's own probe where that scheme is the baseline's): a step's work in a core's time."""
+    from real.calibration.cache import slug
+    from real.calibration.compute_probe import measure_scheme_compute
+
+    lone = Config(config.scheme, 1, config.bandwidth, config.model)
+    return measure_scheme_compute(config.model, settings.batch_size, 1, settings.out / "calibration",
+                                  scheme=config.scheme, repeat=slug(config.bandwidth) if lone.baseline else "")
 
 
 def _workload(config: Config, compute: dict, batch_size: int) -> Workload:

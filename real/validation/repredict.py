@@ -76,7 +76,13 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe",
             counts["not cached"] += 1
             continue
         scheme = as_run_on_gloo(config.scheme)
-        cluster = shared_host(calibration.cluster, row.to_dict()) if host else calibration.cluster
+        try:
+            with offline():
+                cluster = (shared_host(calibration.cluster, row.to_dict(), config, settings) if host
+                           else calibration.cluster)
+        except NotCached:
+            counts["not cached"] += 1
+            continue
         if compute == "probe":
             prediction = predict(simulate(cluster, calibration.workload, scheme, steps=steps, seed=0))
         else:

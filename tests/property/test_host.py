@@ -90,3 +90,36 @@ def test_the_host_s_schedule_is_the_processor_sharing_of_the_spread_departures()
 def test_a_spread_without_a_shared_host_is_refused():
     with pytest.raises(ValueError, match="exit_spread .* needs host_cores"):
         Cluster.homogeneous(2, Link("1Gbit/s", "50us"), exit_spread=1e-3)
+
+
+@given(st.integers(1, 8), st.integers(1, 8), work, st.floats(1.0, 3.0))
+def test_time_slicing_s_overhead_slows_only_jobs_that_outnumber_the_cores(n, cores, w, overhead):
+    # n equal jobs together: each progresses at min(1, c/n) of a core, and overhead times slower still while
+    # they outnumber the cores; with a core each they run alone whatever the overhead.
+    want = w * max(1.0, n / cores) * (overhead if n > cores else 1.0)
+    assert shared_finish([0.0] * n, [w] * n, cores, overhead) == pytest.approx([want] * n, rel=1e-12)
+
+
+@given(st.floats(1.0, 4.0), work)
+def test_a_measured_contention_keeps_workers_leaving_together_at_the_probe_s_step(contention, w):
+    # A compute probe of every worker at once measured the drawn time w, contention times a lone worker's
+    # step: workers that start together on the shared host (no spread) must still take w each, whatever
+    # the contention (the overhead it implies is charged while they outnumber the cores).
+    host = SharedHost(cores=2, workers=4, exit_spread=0.0, seed=1, contention=contention)
+    assert [host.after_collective(3, k, lambda step, worker: w) for k in range(4)] == pytest.approx([w] * 4, rel=1e-9)
+
+
+def test_a_lone_worker_s_work_is_the_drawn_time_over_the_measured_contention():
+    # Spread far apart (each alone on the cores), a worker's compute is its work alone: 2.7 ms drawn at a
+    # contention of 2.7 is 1 ms of a core; with no measurement the even share (workers / cores, 2) gives 1.35.
+    for contention, alone in ((2.7, 1e-3), (None, 1.35e-3)):
+        host = SharedHost(cores=2, workers=4, exit_spread=1.0, seed=2, contention=contention)
+        ends = [host.after_collective(0, k, lambda step, worker: 2.7e-3) for k in range(4)]
+        assert max(ends) == pytest.approx(alone, rel=1e-9)
+
+
+def test_a_contention_without_a_shared_host_or_below_one_is_refused():
+    with pytest.raises(ValueError, match="host_contention .* needs host_cores"):
+        Cluster.homogeneous(4, Link("1Gbit/s", "50us"), host_contention=2.5)
+    with pytest.raises(ValueError, match="host_contention"):
+        Cluster.homogeneous(4, Link("1Gbit/s", "50us"), host_cores=2, host_contention=0.5)

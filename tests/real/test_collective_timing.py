@@ -139,3 +139,30 @@ def test_the_link_probe_times_the_runs_own_sizes_each_after_a_busy_rest(tmp_path
     assert [(size, precision) for size, precision, _ in probe["at_exits"]] == [(4096, "fp32"), (2048, "fp16")]
     for (_, _, timings), (_, _, spreads) in zip(probe["at_size"], probe["at_exits"]):
         assert len(spreads) == len(timings) and all(len(s) == 2 and s[0] == 0.0 <= s[1] < 1.0 for s in spreads)
+
+
+def _work_on_one_core(rank: int) -> dict:
+    import time
+
+    import torch.distributed as dist
+
+    from real.calibration import timing
+
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # both ranks on one core: they share it
+    dist.barrier()
+    began, cpu = time.perf_counter(), time.thread_time()
+    timing.work(WORK_CPU)
+    return {"wall": time.perf_counter() - began, "cpu": time.thread_time() - cpu}
+
+
+WORK_CPU = 0.2  # seconds of a core's time each rank computes
+
+
+@pytest.mark.distributed
+def test_work_after_a_collective_is_a_core_s_time_so_sharing_a_core_stretches_it(tmp_path):
+    # timing.work computes WORK_CPU of the thread's own CPU time, as a step's compute is work, not a span:
+    # two ranks on one core each take about twice as long in wall time (a wall-clock spin would take
+    # WORK_CPU whatever the sharing).
+    result = _spawned(tmp_path, _work_on_one_core)
+    assert result["cpu"] >= WORK_CPU
+    assert result["wall"] >= 1.5 * WORK_CPU

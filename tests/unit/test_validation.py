@@ -1401,3 +1401,37 @@ def test_the_testbed_s_check_becomes_the_study_s_quick_preset_without_importing_
     with pytest.raises(SystemExit):
         testbed(["--check", "--prefix", "sstbchk", "--", "--steps", "12"])
     assert became == [[sys.executable, "-m", "studies.validation", "--quick", "--prefix", "sstbchk", "--steps", "12"]]
+
+
+def test_the_run_s_own_collectives_are_timed_followed_by_a_lone_rank_s_work(monkeypatch, tmp_path):
+    # calibrate hands the link probe (``after``) what a run's rank computes between its collectives in its
+    # own core's time: the one-rank compute probe of the row's scheme (the baseline's repeat at the row's rate
+    # for plain all-reduce) times the steps between collectives, not the all-at-once probe's step, which on
+    # a shared machine is slower by the contention; a row that times no collective of its own asks no
+    # one-rank probe.
+    probes, afters = [], []
+
+    def measure_compute(model, batch_size, processes, folder, scheme="allreduce", slow=1.0, repeat=""):
+        probes.append((processes, scheme, repeat))
+        return FAKE_COMPUTE | {"compute_time": 1e-3 if processes == 1 else 2.7e-3}
+
+    def measure_link(*args, now, after=0.0, **kwargs):
+        afters.append(after)
+        fit = {"alpha": 1e-4, "launch": 0.0, "bandwidth": 5e6}
+        return {"burst": 15_000, "fits": {"pingpong": fit, "allreduce_fp32": fit, "allreduce_fp16": fit},
+                "now": [[size, precision, [5e-3]] for size, precision in now]}
+
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", measure_compute)
+    monkeypatch.setattr("real.calibration.link_probe.measure_link", measure_link)
+    monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
+    settings = validation.parse_args(["--out", str(tmp_path / "v")]).settings
+    calibrate(Config("allreduce", 4, "1Gbit/s", "mlp"), settings)
+    calibrate(Config("localsgd:period=4", 4, "1Gbit/s", "mlp"), settings)
+    assert afters == pytest.approx([1e-3, 4e-3])
+    localsgd = str(parse("localsgd:period=4"))
+    assert probes == [(4, "allreduce", ""), (1, "allreduce", "1Gbit-s"), (4, localsgd, ""), (1, localsgd, "")]
+    monkeypatch.setattr("real.calibration.server_probe.measure_server", lambda *a, **k: {
+        "push_wait": [1e-2] * 3, "pull": [1e-2] * 3})
+    probes.clear()
+    calibrate(Config("ps", 4, "1Gbit/s", "mlp"), settings)
+    assert [p[0] for p in probes] == [4]
