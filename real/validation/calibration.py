@@ -218,14 +218,14 @@ def host_contention(config: Config, settings: Settings, cores: int) -> float | N
 
 
 def lone_compute(config: Config, settings: Settings) -> dict:
-    """The compute probe of one rank alone doing a worker's step of ``config``'s scheme (the speedup
-    baseline's own probe where that scheme is the baseline's): a step's work in a core's time."""
-    from real.calibration.cache import slug
+    """The compute probe of one rank alone doing a worker's step of ``config``'s scheme: a step's work in a
+    core's time. Never the speedup baseline's repeats (labelled by rate), each of which must be timed just
+    before its own run: a row of several workers that took one first left it timed up to a quarter of an
+    hour before that run (2026-12-07)."""
     from real.calibration.compute_probe import measure_scheme_compute
 
-    lone = Config(config.scheme, 1, config.bandwidth, config.model)
     return measure_scheme_compute(config.model, settings.batch_size, 1, settings.out / "calibration",
-                                  scheme=config.scheme, repeat=slug(config.bandwidth) if lone.baseline else "")
+                                  scheme=config.scheme)
 
 
 def _workload(config: Config, compute: dict, batch_size: int) -> Workload:
