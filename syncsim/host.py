@@ -32,8 +32,8 @@ _KEPT_STEPS = 4  # schedules kept: every worker takes its compute of a step with
 def shared_finish(starts, works, cores: int, overhead: float = 1.0) -> list[float]:
     """When each job ends: job i arrives at ``starts[i]`` with ``works[i]`` seconds of work for one core,
     and the jobs present share ``cores`` cores equally (each at min(1, cores / n) of a core while n are
-    present; processor sharing), each ``overhead`` times slower still while more jobs than cores are present
-    (what time-slicing them costs: switches, caches refilled)."""
+    present; processor sharing), each ``overhead`` times slower still (below 1: faster) while more jobs than
+    cores are present (what time-slicing them costs or spares beyond the even share, as measured)."""
     order = sorted(range(len(starts)), key=lambda i: starts[i])
     finish = [0.0] * len(starts)
     left: dict[int, float] = {}  # job -> work left, for the jobs present
@@ -68,9 +68,10 @@ class SharedHost:
                  contention: float | None = None) -> None:
         self.cores, self.workers, self.spread, self.seed = cores, workers, exit_spread, seed
         even = max(1.0, workers / cores)  # processor sharing's slowdown of every rank computing at once
-        # With more ranks than cores, time-slicing them can cost more than the even share (measured: four
-        # small-model ranks on two cores 2.5-2.9 times a lone rank's step); that excess is charged whenever
-        # more ranks than cores compute, so all of them starting together still take the drawn time.
+        # With more ranks than cores, time-slicing them need not cost the even share (measured: four ranks
+        # on two cores 1.9-2.9 times a lone rank's step of the small model, 1.5-1.8 times LeNet's); the
+        # difference is charged whenever more ranks than cores compute, so all of them starting together
+        # still take the drawn time.
         self.contention = even if contention is None or workers <= cores else contention
         self.overhead = self.contention / even
         self._schedules: dict[int, list[float]] = {}

@@ -206,8 +206,8 @@ def shared_host(cluster: Cluster, values: dict, config: Config | None = None,
 
 def host_contention(config: Config, settings: Settings, cores: int) -> float | None:
     """How many times longer a rank's step of ``config``'s scheme took with all of its workers computing at
-    once (its compute probe) than alone (the same probe of one rank; the speedup baseline's where the
-    scheme is the baseline's), when its workers outnumber ``cores``; None otherwise. Never below 1."""
+    once (its compute probe) than alone (lone_compute), when its workers outnumber ``cores``; None
+    otherwise. Never below 1."""
     from real.calibration.compute_probe import measure_scheme_compute
 
     if config.world <= cores:

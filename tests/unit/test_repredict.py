@@ -3,6 +3,8 @@ with nothing measured."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -187,11 +189,14 @@ def test_repredict_names_its_compute_choices(tmp_path):
 
 def test_the_shared_host_diagnostic_gives_each_row_its_cores_and_its_collective_s_exit_spread(monkeypatch, tmp_path):
     # --host: a row's cluster becomes one host of this process's cores (two, here made so) whose ranks leave
-    # each collective its recorded link_exit_spread apart (calibration.shared_host); four ranks of 4 ms
-    # together on two cores, leaving 6 ms apart, compute alone (2 ms each): 2 ms sooner a step.
+    # each collective its recorded link_exit_spread apart (calibration.shared_host), with the contention its
+    # compute probes measured (four ranks' 4 ms step over one rank's 2 ms: 2); four ranks of 4 ms together
+    # on two cores, leaving 6 ms apart, compute alone (2 ms each): 2 ms sooner a step.
     from real.validation.calibration import shared_host
 
     monkeypatch.setattr("real.validation.calibration.os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute",
+                        lambda model, batch, ranks, folder, **kw: {"compute_time": 2e-3 if ranks == 1 else 4e-3})
 
     steps = 24
     cluster = Cluster.homogeneous(gpus=4, link=Link("50Mbit/s", "100us"), name="testbed")
@@ -208,8 +213,9 @@ def test_the_shared_host_diagnostic_gives_each_row_its_cores_and_its_collective_
         cluster, workload, {}))
     plain, _ = repredict(frame, tmp_path)
     shared, _ = repredict(frame, tmp_path, host=True)
-    host = shared_host(cluster, {"link_exit_spread": 6e-3})
-    assert host.host_cores == 2 and host.exit_spread == 6e-3
+    settings = SimpleNamespace(out=tmp_path, batch_size=32)
+    host = shared_host(cluster, {"link_exit_spread": 6e-3}, ring, settings)
+    assert host.host_cores == 2 and host.exit_spread == 6e-3 and host.host_contention == 2.0
     want = predict(simulate(host, workload, as_run_on_gloo(ring.scheme), steps=steps, seed=0)).steady.step_time
     assert shared.loc[0, "predicted_step_time"] == pytest.approx(want, rel=1e-12)
     assert shared.loc[0, "predicted_step_time"] == pytest.approx(plain.loc[0, "predicted_step_time"] - 2e-3, rel=1e-6)

@@ -663,7 +663,7 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
     # probe whose last rank is slowed as the run's last worker is (not derived from the forward time).
     asked = []
 
-    def measure_compute(model, batch_size, processes, folder, scheme, slow, repeat):
+    def measure_compute(model, batch_size, processes, folder, scheme, slow=1.0, repeat=""):
         asked.append((processes, slow))
         return FAKE_COMPUTE | ({"slowed_time": 7e-3, "slow_forward": 1.1e-3} if slow > 1 else {})
 
@@ -672,12 +672,12 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
     monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     cluster, workload, values = calibrate(Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args.settings)
-    assert asked == [(3, 3.0)]
+    assert asked == [(3, 3.0), (1, 1.0)]  # and a lone rank, unslowed, for the link probe's after-work
     assert values["slow_forward"] == 1.1e-3  # the forward the probe's slowed rank sized its sleep from
     assert cluster.speed == pytest.approx((1.0, 1.0, 2e-3 / 7e-3)) and workload.compute_time == 2e-3
     assert workload.idle_cost == ((2e-3, 1e-4), (8e-3, 4e-4), (30e-3, 5e-4))  # the probe's, as measured
     cluster, _, values = calibrate(Config("allreduce", 3, "50Mbit/s", "mlp"), args.settings)
-    assert asked[-1] == (3, 1.0) and cluster.speed is None  # every worker at nominal speed
+    assert asked[-2:] == [(3, 1.0), (1, 1.0)] and cluster.speed is None  # every worker at nominal speed
     assert math.isnan(values["slow_forward"])
 
 
