@@ -9,9 +9,11 @@ ring or computing beside it. How much their compute then overlaps on the cores, 
 all-at-once step, sets when the last of them reaches the next collective.
 
 ``SharedHost`` prices that: a rank's work alone is the drawn compute time divided by the contention the
-probe saw (max(1, workers / cores)); after each collective the ranks leave ``exit_spread`` apart (evenly
-spaced, in an order drawn per collective), and their work is shared among the cores by processor
-sharing (each of n computing ranks progresses at min(1, cores / n) of a core), the model
+probe saw (measured: the all-at-once step over a lone rank's; by default max(1, workers / cores), the
+even share, whose excess or shortfall is charged while more ranks than cores compute); after each
+collective the ranks leave ``exit_spread`` apart (evenly spaced, in an order drawn per collective), and
+their work is shared among the cores by processor sharing (each of n computing ranks progresses at
+min(1, cores / n) of a core), the model
 syncsim.network uses for flows sharing a link. With no spread the ranks start together and, their
 draws equal, each takes the drawn time, as without a host (unequal draws end closer together than drawn:
 the cores are shared until the shortest is done); with a spread longer than a step's work each computes

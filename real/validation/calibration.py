@@ -196,25 +196,23 @@ def shared_host(cluster: Cluster, values: dict, config: Config | None = None,
     """``cluster`` (a row's calibrated Cluster, ``values`` its measured values) as one host whose cores the
     ranks share (syncsim.host): this process's cores, and the spread with which the row's own collectives
     let their ranks go (``link_exit_spread``; none where it timed no collective). Given the row's
-    ``config`` and ``settings``, also the contention its compute probe measured (host_contention). A
-    diagnostic (repredict --host), not the study's prediction: see real.md's known limits."""
+    ``config`` and ``settings``, also the contention its compute probe measured (host_contention of the
+    row's ``compute_time``). A diagnostic (repredict --host), not the study's prediction: see real.md's
+    known limits."""
     spread = values.get("link_exit_spread", math.nan)
     cores = len(os.sched_getaffinity(0))
-    contention = host_contention(config, settings, cores) if config is not None and settings is not None else None
+    contention = (host_contention(config, settings, cores, values["compute_time"])
+                  if config is not None and settings is not None else None)
     return cluster.replace(host_cores=cores, exit_spread=spread if spread > 0 else 0.0, host_contention=contention)
 
 
-def host_contention(config: Config, settings: Settings, cores: int) -> float | None:
+def host_contention(config: Config, settings: Settings, cores: int, together: float) -> float | None:
     """How many times longer a rank's step of ``config``'s scheme took with all of its workers computing at
-    once (its compute probe) than alone (lone_compute), when its workers outnumber ``cores``; None
-    otherwise. Never below 1."""
-    from real.calibration.compute_probe import measure_scheme_compute
-
+    once (``together``: the row's compute probe, its compute_time) than alone (lone_compute), when its
+    workers outnumber ``cores``; None otherwise. Never below 1."""
     if config.world <= cores:
         return None
-    folder = settings.out / "calibration"
-    together = measure_scheme_compute(config.model, settings.batch_size, config.world, folder, scheme=config.scheme)
-    return max(1.0, together["compute_time"] / lone_compute(config, settings)["compute_time"])
+    return max(1.0, together / lone_compute(config, settings)["compute_time"])
 
 
 def lone_compute(config: Config, settings: Settings) -> dict:

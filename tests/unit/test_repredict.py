@@ -208,13 +208,13 @@ def test_the_shared_host_diagnostic_gives_each_row_its_cores_and_its_collective_
     run.trace.to_csv(folder / "trace.csv", index=False)
     run.updates.to_csv(folder / "updates.csv", index=False)
     measured = steady_state(run.trace, run.updates, 32, steps=steps, workers=4)
-    frame = pd.DataFrame([_row(ring, run.steady, measured, steps) | {"link_exit_spread": 6e-3}])
+    frame = pd.DataFrame([_row(ring, run.steady, measured, steps) | {"link_exit_spread": 6e-3, "compute_time": 4e-3}])
     monkeypatch.setattr("real.validation.calibration.calibrate", lambda config, settings: Calibration(
         cluster, workload, {}))
     plain, _ = repredict(frame, tmp_path)
     shared, _ = repredict(frame, tmp_path, host=True)
     settings = SimpleNamespace(out=tmp_path, batch_size=32)
-    host = shared_host(cluster, {"link_exit_spread": 6e-3}, ring, settings)
+    host = shared_host(cluster, {"link_exit_spread": 6e-3, "compute_time": 4e-3}, ring, settings)
     assert host.host_cores == 2 and host.exit_spread == 6e-3 and host.host_contention == 2.0
     want = predict(simulate(host, workload, as_run_on_gloo(ring.scheme), steps=steps, seed=0)).steady.step_time
     assert shared.loc[0, "predicted_step_time"] == pytest.approx(want, rel=1e-12)
