@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -114,8 +116,9 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
 
     The executor runs its own loop (real.executor.Executor.run_step): the batch, the forward and
     backward (through DDP and the executor's byte-counting hook where the plan all-reduces), the
-    optimizer step or the push's and pull's tensor work, its trace records; for PowerSGD, top-k and
-    DiLoCo also the compressor's arithmetic (syncsim.compression: error feedback, P = ΔQ, Gram-Schmidt,
+    optimizer step or the push's and pull's tensor work, its trace records, its heartbeat (a run's
+    worker's, real.heartbeat: a file written at each step and around each wait, a watchdog thread); for
+    PowerSGD, top-k and DiLoCo also the compressor's arithmetic (syncsim.compression: error feedback, P = ΔQ, Gram-Schmidt,
     Q = ΔᵀP̂, P̂Qᵀ; the top-k selection and scatter-add) and the outer optimiser's step, which the executor
     runs inside its step between its collectives. Its collectives run over a process group of this rank
     alone and its parameter-server client is FreeNetwork, so what is timed is the step without its
@@ -151,6 +154,7 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
     layers = list(param_layers(model))
     slow_wait = executor.slow_wait  # a slowed rank's sleep per step (real.executor; 0 when not slowed)
     slow_forward = executor.slow_forward  # the forward that sleep was sized from (None: not slowed)
+    executor.heartbeat.stop()  # its watchdog: this rank now waits for the others' timings, not stalled
     # The executor refers to itself (its handlers), so only the collector frees it and the DDP module and
     # averager holding this rank's group: now, before the groups are destroyed. Left to the interpreter's
     # exit, a gloo group outliving its process group's teardown aborts the process ("terminate called
@@ -190,8 +194,26 @@ def _probe_executor(model_name: str, batch_size: int, scheme: str, folder: str, 
         worker, group = 0, [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group
     model, data = build(cfg.model, cfg.seed), load(cfg.data, cfg.seed)  # as real.worker builds them
     client = FreeNetwork(flat_params(model), WIRE_DTYPES[cfg.spec.precision]) if pushes else None
-    executor = Executor(cfg, worker, model, data, torch.device("cpu"), group, Recorder(time.time()), client=client)
+    executor = Executor(cfg, worker, model, data, torch.device("cpu"), group, Recorder(time.time()),
+                        heartbeat=_heartbeat(folder, rank, world, cfg.timeout), client=client)
     return executor, client, model, cfg.steps, together
+
+
+def _heartbeat(folder: str, rank: int, ranks: int, timeout: float):
+    """The heartbeat a run's worker beats (real.worker): its file rewritten at each step and around each
+    wait, its watchdog thread awake every 0.2 s. A run's worker does this work, so the probe does it too.
+    Without it, the small model's one-worker all-reduce, probed and then run, twelve times in turns, ran a
+    median 7.5 % and 5.1 % slower than its probe (two such sets); with it, 0.4 % slower and 3.5 % faster
+    (12 and 16 turns). That was the speedup baselines' miss: on two steady grids all six of the small
+    model's baseline repeats ran 2-17 % slower than their probes, and every speedup of the model divided
+    by them. A probe rank that stalls ends as a run's would."""
+    from real.heartbeat import EXIT_STALLED, Heartbeat
+
+    def stalled(step: int, waiting: bool, idle: float) -> None:
+        print(f"compute probe rank {rank}: no progress for {idle:.1f} s at step {step}", file=sys.stderr, flush=True)
+        os._exit(EXIT_STALLED)
+
+    return Heartbeat(Path(folder) / "logs" / "heartbeats", rank, ranks, timeout, on_stall=stalled)
 
 
 def _time_back_to_back(executor, planned: int, pushes: bool, less_collectives: bool = False) -> tuple[dict, int]:

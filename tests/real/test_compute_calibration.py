@@ -4,7 +4,8 @@ The simulator is given a compute time and prices communication from the link fit
 executor's loop. So the probe must time that loop, bookkeeping included: a sub-millisecond step of the
 small model spends a fifth of its time outside the forward, backward and optimizer step (the byte-counting
 hook, the trace), which a hand-written timing loop leaves out. Planting a known delay in the executor's
-trace records must show up, whole, in the calibrated step.
+trace records must show up, whole, in the calibrated step; so must one planted in each write of the
+heartbeat a run's worker beats (real.heartbeat), which the probe's executor beats too.
 """
 
 from __future__ import annotations
@@ -46,29 +47,41 @@ def _rank(rank: int, port: int, folder: str) -> None:
     import torch.distributed as dist
 
     from real.calibration import compute_probe as calibration
+    from real.heartbeat import Heartbeat
     from real.trace import Recorder
 
     _join(rank, 1, port, calibration, 0.3)
-    span = Recorder.span
+    span, write = Recorder.span, Heartbeat._write
     calls = {"n": 0}
 
-    def slow_span(self, *args, **kwargs):
-        calls["n"] += 1
-        time.sleep(DELAY)
-        return span(self, *args, **kwargs)
+    def slowed_down(original):
+        def slow(self, *args, **kwargs):
+            calls["n"] += 1
+            time.sleep(DELAY)
+            return original(self, *args, **kwargs)
+        return slow
+
+    def planted(scheme: str, cls, name: str, original) -> tuple[float, float]:
+        """(mean step, calls per step) with DELAY planted in each call of cls.name."""
+        setattr(cls, name, slowed_down(original))
+        calls["n"] = 0
+        try:
+            timed = calibration.time_worker_steps("mlp", 32, scheme, folder)
+        finally:
+            setattr(cls, name, original)
+        steps = calibration.COMPUTE_WARMUP + len(timed["steps"]) + sum(map(len, timed["after_idle"]))
+        return statistics.fmean(timed["steps"]), calls["n"] / steps
 
     results = {}
     for scheme in SCHEMES:
-        Recorder.span = span
         plain = calibration.time_worker_steps("mlp", 32, scheme, folder)
-        Recorder.span, calls["n"] = slow_span, 0
-        slowed = calibration.time_worker_steps("mlp", 32, scheme, folder)
-        steps = calibration.COMPUTE_WARMUP + len(slowed["steps"]) + sum(map(len, slowed["after_idle"]))
-        results[scheme] = {"plain": statistics.fmean(plain["steps"]), "slowed": statistics.fmean(slowed["steps"]),
-                           "spans_per_step": calls["n"] / steps, "forward": statistics.fmean(plain["forward"]),
+        slowed, spans_per_step = planted(scheme, Recorder, "span", span)
+        beaten, beats_per_step = planted(scheme, Heartbeat, "_write", write)
+        results[scheme] = {"plain": statistics.fmean(plain["steps"]), "slowed": slowed,
+                           "spans_per_step": spans_per_step, "beaten": beaten, "beats_per_step": beats_per_step,
+                           "forward": statistics.fmean(plain["forward"]),
                            "backward": statistics.fmean(plain["backward"]), "layers": plain["layers"],
                            "after_idle": plain["after_idle"]}
-    Recorder.span = span
     straggler = calibration.time_worker_steps("mlp", 32, "allreduce", folder, slow=SLOW)
     results["straggler"] = {k: straggler[k] for k in ("steps", "forward", "backward", "slow_wait")}
     with open(os.path.join(folder, "compute.json"), "w") as f:
@@ -100,6 +113,10 @@ def test_the_compute_probe_times_the_executor_s_own_step_bookkeeping_included(tm
         planted = r["spans_per_step"] * DELAY
         # the planted delay is in the timed step, whole (sleep never returns early; 10 % for the clock)
         assert r["slowed"] - r["plain"] >= 0.9 * planted, (scheme, r)
+        # the step beats the heartbeat a run's worker beats (real.executor.run_step at its start, at least),
+        # and those writes are timed with it
+        assert r["beats_per_step"] >= 1, (scheme, r)
+        assert r["beaten"] - r["plain"] >= 0.9 * r["beats_per_step"] * DELAY, (scheme, r)
         # the forward and the backward are parts of the step, each measured
         assert 0 < r["forward"] and 0 < r["backward"] and r["forward"] + r["backward"] < r["plain"], (scheme, r)
         assert sum(r["layers"]) == 101_770 * 4  # the small model's parameters, fp32 bytes
