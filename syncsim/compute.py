@@ -17,7 +17,7 @@ import numpy as np
 from syncsim.cluster import Cluster
 from syncsim.workload import Workload
 
-__all__ = ["ComputeTimes", "ReplayedTimes"]
+__all__ = ["ComputeTimes", "ReplayedTimes", "slowest_excess", "jitter_for_slowest"]
 
 BLOCK_STEPS = 64
 
@@ -87,3 +87,45 @@ class ReplayedTimes:
 
     def __call__(self, step: int, worker: int) -> float:
         return self._rows[step][worker]
+
+
+# Common random numbers for slowest_excess: the same standard normals for every jitter, so the excess is a
+# smooth increasing function of the jitter that bisection can invert (20,000 draws: a standard error of
+# about 0.2 % of the mean at the jitters the testbed measures).
+_SLOWEST_DRAWS, _SLOWEST_SEED = 20_000, 20261207
+
+
+def slowest_excess(jitter: float, workers: int, steps: int = 1) -> float:
+    """How far, on average, the slowest of ``workers`` workers' work between two meetings (each the sum of
+    ``steps`` of ComputeTimes' lognormal draws of coefficient of variation ``jitter``, mean 1 each) lies
+    above the mean work: E[max over workers] / steps - 1, by a fixed Monte Carlo sample."""
+    if jitter <= 0 or workers < 2:
+        return 0.0
+    sigma = math.sqrt(math.log1p(jitter**2))
+    z = np.random.default_rng(_SLOWEST_SEED).standard_normal((_SLOWEST_DRAWS, workers, steps))
+    work = np.exp(sigma * z - sigma**2 / 2).sum(axis=2)
+    return float(work.max(axis=1).mean() / steps - 1.0)
+
+
+def jitter_for_slowest(excess: float, workers: int, steps: int = 1, high: float = 10.0) -> float:
+    """The jitter whose slowest_excess over ``workers`` workers and ``steps`` steps between meetings is
+    ``excess``: 0 for none, ``high`` where even that falls short.
+
+    Why: workers that share a machine's cores all at once are not independent. When one waits for a time
+    slice another runs, so their steps' spread (the compute probe's jitter: 0.24-0.42 for four ranks of
+    the small model on two cores) says little about how late the slowest of them is, which is what a
+    collective waits for. ComputeTimes draws each worker independently; given this jitter, the slowest
+    of its draws is as late as the slowest rank was, measured, at each meeting of the compute probe."""
+    if excess <= 0 or workers < 2:
+        return 0.0
+    if slowest_excess(high, workers, steps) <= excess:
+        return high
+    low, top = 0.0, high
+    for _ in range(40):  # 10 / 2**40: far below what the sample resolves
+        mid = (low + top) / 2
+        if slowest_excess(mid, workers, steps) < excess:
+            low = mid
+        else:
+            top = mid
+    return (low + top) / 2
+

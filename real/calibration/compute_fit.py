@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 __all__ = ["COMPUTE_STEPS", "COMPUTE_SECONDS", "COMPUTE_WARMUP", "MAX_COMPUTE_STEPS", "IDLE_GAPS", "IDLE_STEPS",
-           "idle_cost", "worker_work", "summarise_compute"]
+           "idle_cost", "worker_work", "summarise_compute", "meeting_excess"]
 
 # Each rank times at least COMPUTE_STEPS steps and COMPUTE_SECONDS of them (after COMPUTE_WARMUP): on a shared
 # machine a 0.5 ms step timed 40 times is 20 ms of measurement, which one burst of another process can fill.
@@ -33,7 +33,7 @@ def summarise_compute(gathered: list[dict], model: str, batch_size: int, scheme:
     """The compute probe's result from every rank's timings (``gathered``, in rank order, as
     real.calibration.compute_probe.time_worker_steps gives them): compute_time (the mean over ranks and
     steps), jitter (its coefficient of variation), backward_fraction, forward_time, per_rank, layers,
-    idle_cost and meets. With ``slow`` > 1 the last rank's steps (slowed as --slow slows a run's last
+    idle_cost, meets and meeting_excess. With ``slow`` > 1 the last rank's steps (slowed as --slow slows a run's last
     worker) are reported apart: slowed_time, slow_forward and slow_wait."""
     processes = len(gathered)
     gathered = list(gathered)
@@ -47,11 +47,27 @@ def summarise_compute(gathered: list[dict], model: str, batch_size: int, scheme:
               "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"],
               "idle_cost": idle_cost(mean, [[t for g in gathered for t in g["after_idle"][i]]
                                             for i in range(len(gathered[0]["after_idle"]))]),
-              "meets": gathered[0]["meetings"]}  # how often the ranks met at their scheme's collectives
+              "meets": gathered[0]["meetings"],  # how often the ranks met at their scheme's collectives
+              "meeting_excess": meeting_excess([g.get("between", []) for g in gathered])}
     if slowed is not None:
         result |= {"slow": slow, "slowed_time": statistics.fmean(slowed["steps"]),
                    "slow_forward": slowed["slow_forward"], "slow_wait": slowed["slow_wait"]}
     return result
+
+
+def meeting_excess(between: list[list[float]]) -> float | None:
+    """How far the slowest rank's work from one meeting to the next lay above the ranks' mean, over the
+    meetings every rank timed whole (``between``: each rank's list, real.calibration.compute_probe):
+    sum over meetings of the slowest / sum of the mean - 1. A collective waits for the slowest rank, and
+    ranks time-slicing two cores are not independent (one's wait is another's run), so this, not the
+    spread of their steps, is what makes a collective's start late. None for fewer than two ranks or a
+    rank with no whole window (a scheme whose ranks never meet)."""
+    if len(between) < 2 or not all(between):
+        return None
+    meetings = min(len(b) for b in between)
+    slowest = sum(max(b[k] for b in between) for k in range(meetings))
+    mean = sum(statistics.fmean(b[k] for b in between) for k in range(meetings))
+    return slowest / mean - 1.0
 
 
 def worker_work(scheme: str) -> str:

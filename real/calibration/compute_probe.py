@@ -114,17 +114,16 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
     """One rank: the executor's steps of ``scheme`` on one worker whose peers cost nothing, timed as
     COMPUTE_STEPS says.
 
-    The executor runs its own loop (real.executor.Executor.run_step): the batch, the forward and
-    backward (through DDP and the executor's byte-counting hook where the plan all-reduces), the
-    optimizer step or the push's and pull's tensor work, its trace records, its heartbeat (a run's
-    worker's, real.heartbeat: a file written at each step and around each wait, a watchdog thread); for
-    PowerSGD, top-k and DiLoCo also the compressor's arithmetic (syncsim.compression: error feedback, P = ΔQ, Gram-Schmidt,
-    Q = ΔᵀP̂, P̂Qᵀ; the top-k selection and scatter-add) and the outer optimiser's step, which the executor
-    runs inside its step between its collectives. Its collectives run over a process group of this rank
-    alone and its parameter-server client is FreeNetwork, so what is timed is the step without its
-    communication, which the link fits price, and with everything else: a workload calibrated from
-    it leaves syncsim's compressor rates (Workload.compress_flops, scan_rate) unset, or that work
-    would be counted twice.
+    The executor runs its own loop (real.executor.Executor.run_step): the batch, the forward and backward
+    (through DDP and the executor's byte-counting hook where the plan all-reduces), the optimizer step or
+    the push's and pull's tensor work, its trace records, its heartbeat (a run's worker's, real.heartbeat: a
+    file written at each step and around each wait, a watchdog thread); for PowerSGD, top-k and DiLoCo also
+    the compressor's arithmetic (syncsim.compression: error feedback, P = ΔQ, Gram-Schmidt, Q = ΔᵀP̂, P̂Qᵀ;
+    the top-k selection and scatter-add) and the outer optimiser's step, which the executor runs inside its
+    step between its collectives. Its collectives run over a process group of this rank alone and its
+    parameter-server client is FreeNetwork, so what is timed is the step without its communication, which
+    the link fits price, and with everything else: a workload calibrated from it leaves syncsim's compressor
+    rates (Workload.compress_flops, scan_rate) unset, or that work would be counted twice.
 
     After a step whose plan ends in a collective (an all-reduce, a model average, PowerSGD's two rounds,
     top-k's all-gather, DiLoCo's outer step, a sharded step's reduce-scatter) the ranks meet at a
@@ -162,8 +161,8 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
     del executor, client
     gc.collect()
     return {"steps": timings["steps"], "forward": timings["forward"], "backward": timings["backward"],
-            "layers": layers, "after_idle": after_idle, "meetings": timings["meetings"], "slow_wait": slow_wait,
-            "slow_forward": slow_forward}
+            "layers": layers, "after_idle": after_idle, "meetings": timings["meetings"],
+            "between": timings["between"], "slow_wait": slow_wait, "slow_forward": slow_forward}
 
 
 def _probe_executor(model_name: str, batch_size: int, scheme: str, folder: str, slow: float):
@@ -226,7 +225,8 @@ def _time_back_to_back(executor, planned: int, pushes: bool, less_collectives: b
 
     from syncsim.schemes.actions import COLLECTIVE_SYNCS as meeting  # after them the workers leave together
     steps, forward, backward = [], [], []
-    timed, meetings = 0.0, 0
+    between: list[float] = []  # this rank's timed work from one meeting to the next, whole windows only
+    timed, meetings, window, whole = 0.0, 0, 0.0, False  # whole: the window so far holds timed steps only
     alone = dist.get_world_size() == 1  # a lone rank has no one to meet
 
     def enough(step: int) -> bool:  # this rank has timed what COMPUTE_STEPS and COMPUTE_SECONDS ask
@@ -242,20 +242,27 @@ def _time_back_to_back(executor, planned: int, pushes: bool, less_collectives: b
         phases = [executor.forward_time, executor.backward_time]  # what real.executor times (a --slow rank's wait)
         if less_collectives:
             elapsed, phases = _less_collectives(executor, began, elapsed, phases)
+        window += elapsed
         if step >= COMPUTE_WARMUP:
             timed += elapsed
             steps.append(elapsed)
             forward.append(phases[0])
             backward.append(phases[1])
+        else:
+            whole = False
         if not alone and any(isinstance(action, meeting) for action in executor.policy.plan(step, planned)):
             # the workers leave the step's collective together (untimed); they stop together, once every
             # rank has timed enough, or the others would wait at this meeting for a rank that left
+            if whole:
+                between.append(window)
+            window, whole = 0.0, True
             every_rank_done = torch.tensor([float(enough(step + 1))])
             dist.all_reduce(every_rank_done, op=dist.ReduceOp.MIN)
             meetings += 1
             if every_rank_done.item():
                 break
-    return {"steps": steps, "forward": forward, "backward": backward, "meetings": meetings}, step
+    return {"steps": steps, "forward": forward, "backward": backward, "meetings": meetings,
+            "between": between}, step
 
 
 def probed_together(spec, processes: int) -> bool:

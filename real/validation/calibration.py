@@ -64,9 +64,10 @@ def calibrate(config: Config, settings: Settings) -> Calibration:
     alone = lone_compute(config, settings) if timed and config.world > 1 else compute
     links = calibrate_links(config, settings, folder, after=alone["compute_time"] * steps_per_sync(config))
     workload = _workload(config, compute, settings.batch_size)
-    cluster = _cluster(config, compute, links)
+    cluster = _cluster(config, compute, links, meeting_jitter(config, compute))
     cluster = cluster.replace(**sharded_traffic(config, settings, folder, cluster, workload))
-    values = {"compute_time": workload.compute_time, "jitter": cluster.jitter, "link_bandwidth": links.worker.bandwidth,
+    values = {"compute_time": workload.compute_time, "jitter": cluster.jitter, "probe_jitter": compute["jitter"],
+              "meeting_excess": _or_nan(compute.get("meeting_excess")), "link_bandwidth": links.worker.bandwidth,
               "link_alpha": links.worker.latency, "link_launch": cluster.collective_latency,
               "server_bandwidth": links.server.bandwidth,
               "server_alpha": links.server.latency, "server_newcomer_weight": links.server.newcomer_weight,
@@ -179,7 +180,28 @@ def sharded_traffic(config: Config, settings: Settings, folder: Path, cluster: C
                        workload, str(as_run_on_gloo(config.scheme)))
 
 
-def _cluster(config: Config, compute: dict, links: Links) -> Cluster:
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def meeting_jitter(config: Config, compute: dict) -> float:
+    """The jitter to simulate ``config``'s workers with: where they meet at collectives, the one whose
+    slowest draw over a meeting's steps lies as far above the mean as the compute probe's slowest rank did
+    (syncsim.compute.jitter_for_slowest of its meeting_excess); the probe's own spread of steps where they
+    do not meet, and for a straggler row (its slowed rank is priced by its speed factor, and the ranks left
+    are too few to say how late the slowest is). On the grid of 2026-12-07 with the probe's spread, the
+    four-worker all-reducing rows at 1 Gbit/s came out +6 … +26 % slow, and -6 … +10 % simulated with no
+    spread at all: the slowest of four independent draws is later than the slowest of four ranks taking
+    turns at two cores."""
+    from syncsim.compute import jitter_for_slowest
+
+    excess = compute.get("meeting_excess")
+    if excess is None or config.slow > 1 or config.world < 2:
+        return compute["jitter"]
+    return jitter_for_slowest(excess, config.world, max(1, round(steps_per_sync(config))))
+
+
+def _cluster(config: Config, compute: dict, links: Links, jitter: float) -> Cluster:
     from syncsim import Cluster
 
     speed = None
@@ -187,7 +209,7 @@ def _cluster(config: Config, compute: dict, links: Links) -> Cluster:
         speed = (1.0,) * (config.world - 1) + (slow_speed(compute),)
     return Cluster.homogeneous(gpus=config.world, link=links.worker, servers=config.servers,
                                server_link=links.server if config.servers else None, server_service=links.service,
-                               speed=speed, jitter=compute["jitter"], collective_latency=links.launch,
+                               speed=speed, jitter=jitter, collective_latency=links.launch,
                                name="testbed")
 
 

@@ -148,7 +148,7 @@ def _meeting_rank(rank: int, port: int, folder: str) -> None:
     mine = {}
     for scheme in ("allreduce", "localsgd:period=4", "ps"):
         timed = calibration.time_worker_steps("mlp", 32, scheme, folder, slow=SLOW if rank == 1 else 1.0)
-        mine[scheme] = [len(timed["steps"]), timed["meetings"]]
+        mine[scheme] = [len(timed["steps"]), timed["meetings"], timed["steps"], timed["between"]]
     gathered = [None, None]
     dist.all_gather_object(gathered, mine)
     if rank == 0:
@@ -167,7 +167,13 @@ def test_the_compute_probe_s_ranks_meet_where_their_scheme_s_collectives_are(tmp
     mp.spawn(_meeting_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     fast, slowed = json.loads((tmp_path / "meetings.json").read_text())
     for scheme, every in (("allreduce", 1), ("localsgd:period=4", 4)):
-        (steps, meetings), (slowed_steps, slowed_meetings) = fast[scheme], slowed[scheme]
+        (steps, meetings, _, _), (slowed_steps, slowed_meetings, _, _) = fast[scheme], slowed[scheme]
         assert steps == slowed_steps and meetings == slowed_meetings, scheme
         assert (COMPUTE_WARMUP + steps) % every == 0 and meetings == (COMPUTE_WARMUP + steps) // every, scheme
-    assert fast["ps"][1] == slowed["ps"][1] == 0
+        # each rank's work from one meeting to the next (meeting_excess compares the ranks' over them): the
+        # timed steps of every window that holds no warm-up step, summed, in order
+        for _, _, timings, between in (fast[scheme], slowed[scheme]):
+            first = -(-COMPUTE_WARMUP // every) * every - COMPUTE_WARMUP  # the first whole window's first step
+            windows = [sum(timings[k:k + every]) for k in range(first, len(timings), every)]
+            assert between == pytest.approx(windows, rel=1e-12) and len(between) >= 10, scheme
+    assert fast["ps"][1] == slowed["ps"][1] == 0 and fast["ps"][3] == slowed["ps"][3] == []

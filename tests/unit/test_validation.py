@@ -1435,3 +1435,22 @@ def test_the_run_s_own_collectives_are_timed_followed_by_a_lone_rank_s_work(monk
     probes.clear()
     calibrate(Config("ps", 4, "1Gbit/s", "mlp"), settings)
     assert [p[0] for p in probes] == [4]
+
+
+def test_workers_that_meet_are_simulated_with_the_jitter_that_makes_their_slowest_as_late_as_the_probe_s():
+    # A collective waits for the slowest worker: where a scheme's workers meet, the simulator gets the jitter
+    # whose slowest of the row's workers, over the steps between meetings, lies as far above the mean as the
+    # compute probe's slowest rank did (meeting_excess); elsewhere the probe's own spread of steps.
+    from real.validation.calibration import meeting_jitter
+    from syncsim.compute import jitter_for_slowest
+
+    probe = {"jitter": 0.4, "meeting_excess": 0.2}
+    assert meeting_jitter(Config("allreduce", 4, "1Gbit/s", "mlp"), probe) == jitter_for_slowest(0.2, 4, 1)
+    # local SGD's workers meet every fourth step: the slowest of four sums of four draws
+    local = meeting_jitter(Config("localsgd:period=4", 4, "1Gbit/s", "mlp"), probe)
+    assert local == jitter_for_slowest(0.2, 4, 4) and local > jitter_for_slowest(0.2, 4, 1)
+    # a parameter server's workers never meet (the probe reports no excess); a straggler row's slowed rank is
+    # priced by its speed factor and leaves too few ranks to say how late the slowest is; one worker meets nobody
+    assert meeting_jitter(Config("ps", 2, "1Gbit/s", "mlp"), {"jitter": 0.4, "meeting_excess": None}) == 0.4
+    assert meeting_jitter(Config("allreduce", 2, "200Mbit/s", "mlp", slow=3.0), probe) == 0.4
+    assert meeting_jitter(Config("allreduce", 1, "1Gbit/s", "mlp"), probe) == 0.4
