@@ -111,11 +111,12 @@ def jitter_for_slowest(excess: float, workers: int, steps: int = 1, high: float 
     """The jitter whose slowest_excess over ``workers`` workers and ``steps`` steps between meetings is
     ``excess``: 0 for none, ``high`` where even that falls short.
 
-    Why: workers that share a machine's cores all at once are not independent. When one waits for a time
-    slice another runs, so their steps' spread (the compute probe's jitter: 0.24-0.42 for four ranks of
-    the small model on two cores) says little about how late the slowest of them is, which is what a
-    collective waits for. ComputeTimes draws each worker independently; given this jitter, the slowest
-    of its draws is as late as the slowest rank was, measured, at each meeting of the compute probe."""
+    Why: workers that share a machine's cores all at once are not independent. When one waits for a time slice
+    another runs, so their steps' spread (the compute probe's jitter: 0.24-0.42 for four ranks of the small
+    model on two cores) need not say how late the slowest of them is, which is what a collective waits for
+    (four local-SGD ranks of it: a spread of 0.89, the slowest as late as 0.64 makes it). ComputeTimes draws
+    each worker independently; given this jitter, the slowest of its draws is as late as the slowest rank was,
+    measured, at each meeting of the compute probe."""
     if excess <= 0 or workers < 2:
         return 0.0
     if slowest_excess(high, workers, steps) <= excess:

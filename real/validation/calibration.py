@@ -189,10 +189,10 @@ def meeting_jitter(config: Config, compute: dict) -> float:
     slowest draw over a meeting's steps lies as far above the mean as the compute probe's slowest rank did
     (syncsim.compute.jitter_for_slowest of its meeting_excess); the probe's own spread of steps where they
     do not meet, and for a straggler row (its slowed rank is priced by its speed factor, and the ranks left
-    are too few to say how late the slowest is). On the grid of 2026-12-07 with the probe's spread, the
-    four-worker all-reducing rows at 1 Gbit/s came out +6 … +26 % slow, and -6 … +10 % simulated with no
-    spread at all: the slowest of four independent draws is later than the slowest of four ranks taking
-    turns at two cores."""
+    are too few to say how late the slowest is). On a grid of 2026-12-07 with the probe's spread, the
+    four-worker collective rows at 1 Gbit/s came out +6 … +26 % slow, and -5 … +10 % simulated again with
+    no spread at all: the slowest of four independent draws is later than the slowest of four ranks
+    taking turns at two cores."""
     from syncsim.compute import jitter_for_slowest
 
     excess = compute.get("meeting_excess")
