@@ -10,6 +10,7 @@ what a prediction owes to its compute model from what it owes to the network.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -102,9 +103,17 @@ def slowest_excess(jitter: float, workers: int, steps: int = 1) -> float:
     if jitter <= 0 or workers < 2:
         return 0.0
     sigma = math.sqrt(math.log1p(jitter**2))
-    z = np.random.default_rng(_SLOWEST_SEED).standard_normal((_SLOWEST_DRAWS, workers, steps))
-    work = np.exp(sigma * z - sigma**2 / 2).sum(axis=2)
+    work = np.exp(sigma * _slowest_draws(workers, steps) - sigma**2 / 2).sum(axis=2)
     return float(work.max(axis=1).mean() / steps - 1.0)
+
+
+@functools.lru_cache(maxsize=16)
+def _slowest_draws(workers: int, steps: int) -> np.ndarray:
+    """slowest_excess's standard normals, drawn once per shape: jitter_for_slowest's bisection asks for the
+    same ones some forty times."""
+    draws = np.random.default_rng(_SLOWEST_SEED).standard_normal((_SLOWEST_DRAWS, workers, steps))
+    draws.flags.writeable = False  # shared by every caller
+    return draws
 
 
 def jitter_for_slowest(excess: float, workers: int, steps: int = 1, high: float = 10.0) -> float:
