@@ -173,11 +173,13 @@ class Cluster(ConfigFile):
     must fit in (syncsim.memory; a result's ``fits``). None (the default): not given, and not checked."""
     host_cores: int | None = None
     """Every GPU's compute runs on one host of this many CPU cores (an emulated cluster on one machine,
-    as real.testbed's): the workload's compute_time is a step with every worker computing at once, and
-    after a collective the workers, leaving it ``exit_spread`` apart, share the cores (syncsim.host).
+    as real.testbed's): the workload's compute_time is a step with every worker computing at once; after a
+    collective the workers, leaving it ``exit_spread`` apart, share the cores, and workers that never meet
+    at a collective (a parameter server's) share them with whoever computes at the time (syncsim.host).
     None (the default): each GPU computes on its own."""
     exit_spread: float | str = 0.0
-    """With ``host_cores``: seconds between the first and the last worker leaving a collective."""
+    """With ``host_cores``: seconds between the first and the last worker leaving a collective. 0 (the
+    default): they leave together, and each computes its drawn time, as the probe's ranks did."""
     host_contention: float | None = None
     """With ``host_cores`` and more GPUs than cores: how many times longer a worker's step takes with every
     worker computing at once than alone (a compute probe of all of them over one of one). None (the

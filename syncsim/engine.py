@@ -48,7 +48,7 @@ from syncsim.communicator import ALLGATHER, Communicator, build_schedule
 from syncsim.compression.work import compression_work
 from syncsim.compute import ComputeTimes, ReplayedTimes
 from syncsim.config import check_int
-from syncsim.host import SharedHost
+from syncsim.host import SharedCores, SharedHost
 from syncsim.limits import SIM_BYTES_PER_WORKER_STEP, check_memory
 from syncsim.model_state import ModelState
 from syncsim.recorder import KIND_CODE, Recorder
@@ -84,6 +84,10 @@ _COLLECTIVES = (AllReduceGradients, AverageParameters, LowRankAllReduce, SparseA
 # collectives every worker waits out and leaves before its next action (a sharded action is only noted,
 # and carried out with the step's compute in one schedule): what a shared host's workers leave apart
 _LEFT = tuple(kind for kind in _COLLECTIVES if kind not in SHARDED_ACTIONS)
+# actions at which workers meet: where a scheme has any, its computes keep their drawn times on a shared host
+# with no exit spread (syncsim.host): the compute probe timed its ranks meeting so, and the jitter a study
+# gives such workers makes the slowest of independent draws as late as the probe's slowest rank
+_MEETINGS = frozenset(_COLLECTIVES) | frozenset(SHARDED_ACTIONS)
 
 
 @dataclass(slots=True)
@@ -111,11 +115,18 @@ class _Run:
         self.state = ModelState(self.workers, self.recorder)
         self.policy = scheme.policy(workload.param_bytes, workload.layers, workload.backward_fraction,
                                     workload.shapes)
-        self.host = None  # one host's cores shared by every worker's compute (syncsim.host), when the cluster has one
+        kinds = self.policy.action_types(steps)
+        # One host's cores shared by every worker's compute (syncsim.host), when the cluster has one: where the
+        # workers meet at collectives, the computes after each left its measured spread apart (host); where
+        # they never meet (a parameter server's), every compute as it comes (cores).
+        self.host: SharedHost | None = None
+        self.cores: SharedCores | None = None
         if compute_times is None:
             self.times = ComputeTimes(cluster, workload, seed)
             self.idle_extra = workload.idle_extra if workload.idle_cost else None
-            if cluster.host_cores is not None:
+            if cluster.host_cores is not None and not kinds & _MEETINGS:
+                self.cores = SharedCores(env, cluster.host_cores, cluster.gpus, cluster.host_contention)
+            elif cluster.host_cores is not None and cluster.exit_spread > 0:
                 self.host = SharedHost(cluster.host_cores, cluster.gpus, cluster.exit_spread, seed,
                                        cluster.host_contention)
         else:  # measured phases already hold whatever their idling (and sharing) cost them: nothing on top
@@ -127,7 +138,6 @@ class _Run:
         self.step_end = np.zeros((steps, self.workers))
         self.flop_rate, self.scan_rate = workload.compress_flops, workload.scan_rate
         self._stages: dict[object, tuple[float, ...]] = {}
-        kinds = self.policy.action_types(steps)
         if kinds & set(SHARDED_ACTIONS) and kinds - set(SHARDED_ACTIONS) - {Compute}:
             others = ", ".join(sorted(k.__name__ for k in kinds - set(SHARDED_ACTIONS) - {Compute}))
             raise ValueError(f"scheme {str(scheme)!r}: the simulator schedules sharded actions only with the step's "
@@ -149,10 +159,11 @@ class _Run:
     # delays the start of the next compute. Uncontended, both equal alpha + n/B.
     def worker(self, w: int):
         plan, steps, handlers, step_end, env = self.policy.plan, self.steps, self.handlers, self.step_end, self.env
-        times, idle_extra, host = self.times, self.idle_extra, self.host
+        times, idle_extra, host, cores = self.times, self.idle_extra, self.host, self.cores
         pending = PendingCompute()
         computed = None  # when this worker's last compute ended
         left_collective = False  # whether the worker's last action was a collective, just over
+        shared = False  # whether the compute just taken is the shared cores' to time (cores)
         noted = self.noted[w]
         for step in range(steps):
             for action in plan(step, steps):
@@ -166,8 +177,13 @@ class _Run:
                         duration += idle_extra(start - computed)  # it idled since (Workload.idle_cost)
                     pending.start, pending.duration, pending.outstanding, pending.owed = start, duration, True, 0.0
                     computed = start + duration
+                    shared = cores is not None
                     left_collective = False
                     continue
+                if shared:  # the compute just taken ends when the cores, shared with whatever else computes
+                    shared = False  # meanwhile, finish it
+                    yield from self._share(pending)
+                    computed = pending.start + pending.duration
                 if idle_extra is not None and type(action) in _COLLECTIVES:
                     computed = None  # the worker's own reduction keeps its processor busy: not idle
                 wait = handlers[type(action)](w, step, action, pending)
@@ -177,6 +193,10 @@ class _Run:
                     else:
                         yield wait
                 left_collective = host is not None and type(action) in _LEFT
+            if shared:  # a step that ends on its own compute
+                shared = False
+                yield from self._share(pending)
+                computed = pending.start + pending.duration
             if noted:  # the step's sharded actions, with its compute, as one schedule
                 yield self._sharded(w, step, pending, noted)
             if pending.outstanding:  # a step that ends on its own compute (a local step)
@@ -184,6 +204,12 @@ class _Run:
             # A pull's latency still owed is paid by the next compute; the step
             # itself ends when the parameters have arrived.
             step_end[step, w] = env.now + pending.owed
+
+    def _share(self, pending: PendingCompute):
+        """Wait out the compute just taken on the shared cores (SharedCores): its drawn duration becomes the
+        time the cores, shared with every other compute in progress, take to finish it."""
+        yield self.cores.start(pending.start, pending.duration)  # type: ignore[union-attr]
+        pending.duration = self.env.now - pending.start
 
     def _ready_in(self, w: int, step: int, pending: PendingCompute, extra: float = 0.0) -> float:
         """Seconds until the outstanding compute (and any owed latency, plus ``extra``) is over."""

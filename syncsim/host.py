@@ -14,21 +14,36 @@ even share, whose excess or shortfall is charged while more ranks than cores com
 collective the ranks leave ``exit_spread`` apart (evenly spaced, in an order drawn per collective), and
 their work is shared among the cores by processor sharing (each of n computing ranks progresses at
 min(1, cores / n) of a core), the model
-syncsim.network uses for flows sharing a link. With no spread the ranks start together and, their
-draws equal, each takes the drawn time, as without a host (unequal draws end closer together than drawn:
-the cores are shared until the shortest is done); with a spread longer than a step's work each computes
-alone.
-Compute that does not follow a collective (a local step, a parameter-server worker's) keeps the drawn
-time: the ranks are then all computing, as in the probe.
+syncsim.network uses for flows sharing a link. With a spread longer than a step's work each computes
+alone. With no spread (``exit_spread`` 0) the ranks leave together and a compute after a collective keeps
+its drawn time: they all compute at once, which is what the probe timed.
+
+``SharedCores`` prices the computes of workers that never meet at a collective (a parameter server's)
+the same way, as the simulation reaches each: such workers do not start together (a server's replies
+end when each worker's share of its link lets them, and a worker whose reply came first computes while
+the others still receive). Each compute joins the cores when it starts, as a job of its drawn time over
+the contention, and the jobs present share the cores as above, each arrival and departure changing the
+others' pace: all workers computing at once take their drawn time, fewer take less. On the testbed,
+four parameter-server workers of LeNet on two cores computed a median 19.7-27.7 ms a step where the
+probe's four ranks at once took 37.1 ms and a lone rank 17.4 ms (docs/log.md, "The cores a parameter
+server's workers share"). Workers that meet at collectives keep their drawn times when they leave
+together: the probe timed its ranks meeting so, and the jitter a study gives them is the one whose
+slowest independent draw is as late as the probe's slowest rank (syncsim.compute.jitter_for_slowest).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SharedHost", "shared_finish"]
+__all__ = ["SharedCores", "SharedHost", "shared_finish"]
 
 _KEPT_STEPS = 4  # schedules kept: every worker takes its compute of a step within a few steps of the others
+
+
+def _rate(present: int, cores: int, overhead: float) -> float:
+    """The share of a core each of ``present`` jobs gets: processor sharing's min(1, cores / present), less
+    ``overhead`` while the jobs outnumber the cores."""
+    return min(1.0, cores / present) / (overhead if present > cores else 1.0)
 
 
 def shared_finish(starts, works, cores: int, overhead: float = 1.0) -> list[float]:
@@ -46,7 +61,7 @@ def shared_finish(starts, works, cores: int, overhead: float = 1.0) -> list[floa
         while arrived < len(order) and starts[order[arrived]] <= now:
             left[order[arrived]] = float(works[order[arrived]])
             arrived += 1
-        rate = min(1.0, cores / len(left)) / (overhead if len(left) > cores else 1.0)
+        rate = _rate(len(left), cores, overhead)
         first = min(left, key=left.__getitem__)
         done_at = now + left[first] / rate
         next_arrival = starts[order[arrived]] if arrived < len(order) else float("inf")
@@ -60,6 +75,78 @@ def shared_finish(starts, works, cores: int, overhead: float = 1.0) -> list[floa
     return finish
 
 
+def _slowdowns(cores: int, workers: int, contention: float | None) -> tuple[float, float]:
+    """How many times longer than alone a worker computes with all ``workers`` computing at once on
+    ``cores`` cores (the measured ``contention``, or the even share max(1, workers / cores) where none is
+    given or the workers do not outnumber the cores), and the overhead beyond that even share."""
+    even = max(1.0, workers / cores)  # processor sharing's slowdown of every rank computing at once
+    # With more ranks than cores, time-slicing them need not cost the even share (measured: four ranks
+    # on two cores 1.9-2.9 times a lone rank's step of the small model, 1.5-1.8 times LeNet's); the
+    # difference is charged whenever more ranks than cores compute, so all of them starting together
+    # still take the drawn time.
+    slowdown = even if contention is None or workers <= cores else contention
+    return slowdown, slowdown / even
+
+
+class SharedCores:
+    """The host's cores as the simulation runs (SimPy): each compute that ``start`` is given is a job of its
+    drawn seconds over the contention (its work alone), and the jobs present at any moment share the cores
+    as shared_finish shares them. Unlike SharedHost's schedules, which know every start in advance, jobs
+    arrive as the simulated workers reach their compute (a parameter-server worker's, when its pull ends),
+    so each arrival and each departure resets the others' progress rates."""
+
+    def __init__(self, env, cores: int, workers: int, contention: float | None = None) -> None:
+        self.env, self.cores = env, cores
+        self.contention, self.overhead = _slowdowns(cores, workers, contention)
+        self._left: dict[object, float] = {}  # the event a job's end triggers -> its work left, jobs present
+        self._since = 0.0  # when the jobs' work left was last brought up to date
+        self._due = 0  # which departure scheduled last is still due (an arrival or departure reschedules)
+
+    def start(self, at: float, drawn: float):
+        """An event that triggers when a compute of ``drawn`` seconds (a draw of the step all workers take
+        computing at once) that starts at ``at`` (not before now) ends on the shared cores."""
+        done = self.env.event()
+        work = drawn / self.contention
+        if at > self.env.now:
+            self.env.timeout(at - self.env.now).callbacks.append(lambda _: self._arrive(done, work))
+        else:
+            self._arrive(done, work)
+        return done
+
+    def _rate(self) -> float:
+        return _rate(len(self._left), self.cores, self.overhead)
+
+    def _catch_up(self) -> None:
+        now = self.env.now
+        if self._left:
+            done = (now - self._since) * self._rate()
+            for job in self._left:
+                self._left[job] -= done
+        self._since = now
+
+    def _arrive(self, done, work: float) -> None:
+        self._catch_up()
+        self._left[done] = work
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self._due += 1
+        if self._left:
+            due = self._due
+            wait = max(0.0, min(self._left.values())) / self._rate()
+            self.env.timeout(wait).callbacks.append(lambda _: self._depart(due))
+
+    def _depart(self, due: int) -> None:
+        if due != self._due:  # an arrival or departure since rescheduled the next departure
+            return
+        self._catch_up()
+        first = min(self._left, key=self._left.__getitem__)
+        for job in [job for job, work in self._left.items() if job is first or work <= 1e-15]:
+            del self._left[job]
+            job.succeed()
+        self._schedule()
+
+
 class SharedHost:
     """The compute of ``workers`` ranks on one host of ``cores`` cores (the module's docstring); ranks leave
     each collective ``exit_spread`` seconds apart, their order drawn from ``seed``. ``contention``: how many
@@ -69,13 +156,7 @@ class SharedHost:
     def __init__(self, cores: int, workers: int, exit_spread: float, seed: int,
                  contention: float | None = None) -> None:
         self.cores, self.workers, self.spread, self.seed = cores, workers, exit_spread, seed
-        even = max(1.0, workers / cores)  # processor sharing's slowdown of every rank computing at once
-        # With more ranks than cores, time-slicing them need not cost the even share (measured: four ranks
-        # on two cores 1.9-2.9 times a lone rank's step of the small model, 1.5-1.8 times LeNet's); the
-        # difference is charged whenever more ranks than cores compute, so all of them starting together
-        # still take the drawn time.
-        self.contention = even if contention is None or workers <= cores else contention
-        self.overhead = self.contention / even
+        self.contention, self.overhead = _slowdowns(cores, workers, contention)
         self._schedules: dict[int, list[float]] = {}
 
     def after_collective(self, step: int, worker: int, times) -> float:

@@ -11,7 +11,8 @@ says how many rows each. Re-predicted rows are compared with their runs as the s
 (real.validation.evaluation.compared), the measured figures read again from the kept records.
 
 ``--host`` is a diagnostic too: every row's cluster is one host whose cores the ranks share, the ranks
-leaving each collective as far apart as the row's own timed collectives let them go
+leaving each collective as far apart as the row's own timed collectives let them go, and a parameter
+server's workers sharing them with whoever computes when each compute starts
 (real.validation.calibration.shared_host, syncsim.host); a study older than that spread's record gives
 no spread, and its rows compute together after a collective as before.
 
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"with phases over {TAIL:g} times their median replaced by the median")
     ap.add_argument("--host", action="store_true",
                     help="a diagnostic: each row's ranks share this machine's cores, leaving each collective as far "
-                         "apart as the row's own timed collectives let them go (syncsim.host)")
+                         "apart as the row's own timed collectives let them go; a parameter server's workers "
+                         "sharing them as each compute starts (syncsim.host)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     if not (out / "validation.csv").is_file():

@@ -1,14 +1,16 @@
-"""One host's cores shared by the workers' compute (syncsim.host): processor sharing's closed forms, and the
-engine carrying it out after a collective."""
+"""One host's cores shared by the workers' compute (syncsim.host): processor sharing's closed forms, the
+engine carrying it out after a collective, and the cores shared as the simulation reaches each compute
+(SharedCores: a parameter-server worker's, a local step)."""
 
 from __future__ import annotations
 
 import pytest
+import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from syncsim import Cluster, Link, Workload, simulate
-from syncsim.host import SharedHost, shared_finish
+from syncsim.host import SharedCores, SharedHost, shared_finish
 
 starts = st.lists(st.floats(0.0, 10.0, allow_nan=False), min_size=1, max_size=8)
 work = st.floats(1e-3, 5.0, allow_nan=False)
@@ -123,3 +125,85 @@ def test_a_contention_without_a_shared_host_or_below_one_is_refused():
         Cluster.homogeneous(4, Link("1Gbit/s", "50us"), host_contention=2.5)
     with pytest.raises(ValueError, match="host_contention"):
         Cluster.homogeneous(4, Link("1Gbit/s", "50us"), host_cores=2, host_contention=0.5)
+
+
+def _cores_finish(arrivals, drawn, cores: int, workers: int, contention: float | None) -> list[float]:
+    """When SharedCores ends each compute of ``drawn`` seconds started at ``arrivals``, run in SimPy."""
+    env = simpy.Environment()
+    host = SharedCores(env, cores, workers, contention)
+    ends = [float("nan")] * len(arrivals)
+
+    def job(i: int):
+        yield env.timeout(arrivals[i])
+        yield host.start(env.now, drawn[i])
+        ends[i] = env.now
+
+    for i in range(len(arrivals)):
+        env.process(job(i))
+    env.run()
+    return ends
+
+
+@given(starts, st.data(), st.integers(1, 4), st.floats(1.0, 3.0))
+@settings(max_examples=200)
+def test_cores_shared_as_computes_arrive_end_them_as_the_closed_form_schedule_does(arrivals, data, cores, contention):
+    # SharedCores learns of each compute only when the simulation reaches it and reschedules at every
+    # arrival and departure; shared_finish knows every start in advance. Both are the same processor
+    # sharing (the closed forms above): given the same starts, work (drawn / contention) and overhead
+    # (contention over the even share, charged while the jobs outnumber the cores), they end alike.
+    drawn = data.draw(st.lists(work, min_size=len(arrivals), max_size=len(arrivals)))
+    workers = max(len(arrivals), cores + 1)
+    ends = _cores_finish(arrivals, drawn, cores, workers, contention)
+    even = max(1.0, workers / cores)
+    expected = shared_finish(arrivals, [d / contention for d in drawn], cores, contention / even)
+    assert ends == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_a_compute_alone_on_the_cores_takes_its_work_alone_and_all_at_once_their_drawn_time():
+    # Four workers whose step takes 6 ms all at once on two cores, measured 2.5 times a lone worker's: alone
+    # a compute takes 6 / 2.5 = 2.4 ms; the four started together take 6 ms each, as the probe timed them.
+    assert _cores_finish([0.0], [6e-3], 2, 4, 2.5) == pytest.approx([2.4e-3], rel=1e-12)
+    assert _cores_finish([0.0] * 4, [6e-3] * 4, 2, 4, 2.5) == pytest.approx([6e-3] * 4, rel=1e-12)
+
+
+def _server(mode: str, cores: int | None, server_rate: str = "1Gbit/s", contention: float | None = None,
+            latency: str = "20us", speed: tuple[float, ...] | None = None):
+    cluster = Cluster.homogeneous(4, Link("10Gbit/s", latency), servers=1, server_link=Link(server_rate, latency),
+                                  host_cores=cores, host_contention=contention, speed=speed)
+    workload = Workload(param_bytes=4e5, compute_time=6e-3, batch_size=32)
+    return simulate(cluster, workload, mode, steps=30)
+
+
+def test_synchronous_server_workers_whose_pulls_end_together_compute_as_the_probe_timed_them():
+    # A synchronous server answers the four pulls at once over equal shares of its link, so with no latency
+    # (a waiting worker's answer and the last pusher's round trip then cost alike) they end together; four
+    # equal computes started together on the shared cores end together at their drawn time (processor
+    # sharing's closed form): the run is the one without a host.
+    assert _server("ps", 2, contention=2.5, latency="0us").steady.step_time == pytest.approx(
+        _server("ps", None, latency="0us").steady.step_time, rel=1e-12)
+
+
+def test_asynchronous_server_workers_out_of_step_compute_faster_than_all_at_once():
+    # Workers of unequal speeds fall out of step at an asynchronous server (a pull of 400 kB takes 64 ms
+    # at 50 Mbit/s), so their computes seldom meet: each lies between its work alone (its drawn time over
+    # the contention, 2.5) and its drawn time (all four at once, 6 ms over its speed), most nearer the
+    # first; and a run whose workers compute faster takes shorter steps.
+    speed = (1.0, 0.9, 0.8, 0.7)
+    shared = _server("ps:mode=async", 2, "50Mbit/s", contention=2.5, speed=speed)
+    trace = shared.trace[shared.trace.kind == "compute"]
+    drawn = 6e-3 / trace.worker.map(dict(enumerate(speed)))
+    took = trace.end - trace.start
+    assert (took >= drawn / 2.5 * (1 - 1e-9)).all() and (took <= drawn * (1 + 1e-9)).all()
+    assert (took < drawn / 2).mean() > 0.5
+    assert shared.steady.step_time < _server("ps:mode=async", None, "50Mbit/s", speed=speed).steady.step_time
+
+
+def test_a_compute_that_overlaps_a_collective_keeps_its_drawn_time_on_the_shared_cores():
+    # An all-reduce's schedule takes its compute's end as a time of its own (the buckets' readiness), so
+    # the cores do not time it: with no spread, a host changes nothing for all-reducing or averaging runs.
+    for scheme in ("allreduce", "localsgd:period=1"):
+        cluster = Cluster.homogeneous(4, Link("1Gbit/s", "50us"), jitter=0.3)
+        workload = Workload(param_bytes=4e5, compute_time=4e-3, batch_size=32)
+        shared = cluster.replace(host_cores=2, host_contention=2.5)
+        assert simulate(shared, workload, scheme, steps=30).steady.step_time == pytest.approx(
+            simulate(cluster, workload, scheme, steps=30).steady.step_time, rel=1e-12)
