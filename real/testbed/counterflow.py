@@ -142,6 +142,7 @@ def _until(deadline: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from real.testbed.namespaces import TestbedConfig
     from syncsim.arguments import ArgumentParser, check_count, integer
     from syncsim.units import parse_bandwidth, parse_size
 
@@ -160,8 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         rates = [rate.strip() for rate in args.rates.split(",") if rate.strip()]
-        for rate in rates:
-            parse_bandwidth(rate, "--rates")
+        for rate in rates:  # each a rate the testbed can shape (TestbedConfig's own check)
+            bandwidth = parse_bandwidth(rate, "--rates")
+            try:
+                TestbedConfig(bandwidth=bandwidth)
+            except ValueError as err:
+                raise ValueError(f"--rates {rate!r}: {err}") from None
         sizes = [int(parse_size(size.strip(), "--sizes")) for size in args.sizes.split(",") if size.strip()]
         if not rates or not sizes:
             raise ValueError("--rates and --sizes must each name at least one value")

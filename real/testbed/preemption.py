@@ -218,6 +218,7 @@ def _competitors(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     from real.models import MODELS
+    from real.testbed.namespaces import TestbedConfig
     from syncsim.arguments import ArgumentParser, number
     from syncsim.units import parse_bandwidth
 
@@ -235,8 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rates = [rate.strip() for rate in args.rates.split(",") if rate.strip()]
     try:
-        for rate in rates:
-            parse_bandwidth(rate, "--rates")
+        for rate in rates:  # each a rate the testbed can shape (TestbedConfig's own check)
+            bandwidth = parse_bandwidth(rate, "--rates")
+            try:
+                TestbedConfig(bandwidth=bandwidth)
+            except ValueError as err:
+                raise ValueError(f"--rates {rate!r}: {err}") from None
         counts = _competitors(args.competitors)
         if not 2 <= args.seconds <= 600:
             raise ValueError(f"--seconds must be between 2 and 600, got {args.seconds:g}")

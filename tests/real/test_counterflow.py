@@ -22,6 +22,7 @@ def test_the_stretch_is_each_condition_s_mean_over_the_mean_with_none_the_other_
     (["--others", "7"], "--others must be between 1 and 6, got 7"),
     (["--repeats", "0"], "--repeats must be between 1 and 1,000, got 0"),
     (["--rates", "fast"], "--rates"),
+    (["--rates", "0"], "--rates '0': TestbedConfig.bandwidth must be at least 1kbit/s"),
     (["--sizes", "2"], "--sizes must be at least 4 bytes each, got 2"),
     (["--sizes", ","], "--rates and --sizes must each name at least one value"),
 ])

@@ -50,6 +50,7 @@ def test_busy_processes_run_beside_the_timed_step_and_are_gone_after(monkeypatch
 @pytest.mark.parametrize("argv, message", [
     (["--seconds", "1"], "--seconds must be between 2 and 600, got 1"),
     (["--rates", "fast"], "--rates"),
+    (["--rates", "0"], "--rates '0': TestbedConfig.bandwidth must be at least 1kbit/s"),
     (["--competitors", "1,9"], "--competitors must be between 0 and 8, got 9"),
     (["--competitors", "two"], "--competitors: not an integer: 'two'"),
 ])
