@@ -142,9 +142,9 @@ def _until(deadline: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from real.testbed.namespaces import TestbedConfig
+    from real.testbed.namespaces import shapable_rates
     from syncsim.arguments import ArgumentParser, check_count, integer
-    from syncsim.units import parse_bandwidth, parse_size
+    from syncsim.units import parse_size
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_rank":  # one rank of the trials, in a testbed host
@@ -160,13 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=integer, default=10, help="trials per condition, 1 to 1,000")
     args = ap.parse_args(argv)
     try:
-        rates = [rate.strip() for rate in args.rates.split(",") if rate.strip()]
-        for rate in rates:  # each a rate the testbed can shape (TestbedConfig's own check)
-            bandwidth = parse_bandwidth(rate, "--rates")
-            try:
-                TestbedConfig(bandwidth=bandwidth)
-            except ValueError as err:
-                raise ValueError(f"--rates {rate!r}: {err}") from None
+        rates = shapable_rates(args.rates, "--rates")
         sizes = [int(parse_size(size.strip(), "--sizes")) for size in args.sizes.split(",") if size.strip()]
         if not rates or not sizes:
             raise ValueError("--rates and --sizes must each name at least one value")

@@ -24,7 +24,7 @@ from pathlib import Path
 from syncsim.config import check_int
 from syncsim.units import parse_bandwidth, parse_size, parse_time
 
-__all__ = ["TestbedConfig", "Testbed", "TestbedUnavailable", "unavailable", "HOST_IFACE", "QUEUE"]
+__all__ = ["TestbedConfig", "Testbed", "TestbedUnavailable", "unavailable", "shapable_rates", "HOST_IFACE", "QUEUE"]
 
 HOST_IFACE = "tb0"
 # Host i has address 10.213.1.(101+i): three-digit final octets keep string order equal to host order,
@@ -69,6 +69,19 @@ def unavailable() -> str | None:
     if missing:
         return f"the testbed needs iproute2; not found on PATH: {', '.join(missing)}"
     return None
+
+
+def shapable_rates(text: str, flag: str) -> list[str]:
+    """The comma-separated link rates of a command's ``flag`` (``text``), each one the testbed can shape
+    (TestbedConfig's own check), blanks dropped; ValueError naming the flag and the rate otherwise."""
+    rates = [rate.strip() for rate in text.split(",") if rate.strip()]
+    for rate in rates:
+        bandwidth = parse_bandwidth(rate, flag)
+        try:
+            TestbedConfig(bandwidth=bandwidth)
+        except ValueError as err:
+            raise ValueError(f"{flag} {rate!r}: {err}") from None
+    return rates
 
 
 @dataclass(frozen=True)

@@ -218,9 +218,8 @@ def _competitors(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     from real.models import MODELS
-    from real.testbed.namespaces import TestbedConfig
+    from real.testbed.namespaces import shapable_rates
     from syncsim.arguments import ArgumentParser, number
-    from syncsim.units import parse_bandwidth
 
     argv = sys.argv[1:] if argv is None else argv
     roles = {"_sink": lambda a: _sink(int(a[0]), float(a[1])), "_source": lambda a: _source(a[0], int(a[1])),
@@ -234,14 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=number, default=12.0, help="how long to time each condition")
     ap.add_argument("--model", default="mlp", choices=sorted(MODELS), help="real.models name to train")
     args = ap.parse_args(argv)
-    rates = [rate.strip() for rate in args.rates.split(",") if rate.strip()]
     try:
-        for rate in rates:  # each a rate the testbed can shape (TestbedConfig's own check)
-            bandwidth = parse_bandwidth(rate, "--rates")
-            try:
-                TestbedConfig(bandwidth=bandwidth)
-            except ValueError as err:
-                raise ValueError(f"--rates {rate!r}: {err}") from None
+        rates = shapable_rates(args.rates, "--rates")
         counts = _competitors(args.competitors)
         if not 2 <= args.seconds <= 600:
             raise ValueError(f"--seconds must be between 2 and 600, got {args.seconds:g}")
