@@ -113,13 +113,14 @@ class SharedCores:
             self._arrive(done, work)
         return done
 
-    def _rate(self) -> float:
+    def _pace(self) -> float:
+        """The share of a core each job present gets now (_rate of their number)."""
         return _rate(len(self._left), self.cores, self.overhead)
 
     def _catch_up(self) -> None:
         now = self.env.now
         if self._left:
-            done = (now - self._since) * self._rate()
+            done = (now - self._since) * self._pace()
             for job in self._left:
                 self._left[job] -= done
         self._since = now
@@ -133,7 +134,7 @@ class SharedCores:
         self._due += 1
         if self._left:
             due = self._due
-            wait = max(0.0, min(self._left.values())) / self._rate()
+            wait = max(0.0, min(self._left.values())) / self._pace()
             self.env.timeout(wait).callbacks.append(lambda _: self._depart(due))
 
     def _depart(self, due: int) -> None:
