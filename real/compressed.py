@@ -10,7 +10,19 @@ kept in a module of its own so that each executor module stays small; the dispat
   and between its stages the rank all-reduces (then divides by W: the mean) or
   all-gathers what the compressor hands it, cast to the wire dtype. The
   gradient the compressor returns is written into ``.grad`` and the optimizer
-  steps. No bucket overlap (the simulator models none either).
+  steps. No bucket overlap (the simulator models none either). The
+  compressor's work before the first collective (error feedback, P = ΔQ and
+  its orthogonalisation; the top-k selection) is a ``compute`` row of its
+  own, so a collective's row times the exchange: a calibrated workload
+  counts that work as compute (real.calibration.compute_probe), and the
+  validation study's replay (real.validation.prediction.replayed_compute)
+  takes the run's compute from those rows (docs/log.md, "The compressor's
+  work and a sharded step's collectives in the replay"). PowerSGD's
+  Q = ΔᵀP̂ between the rounds stays in the second round's row (a compute row
+  between two all-reduce rows would break the simulator's order of
+  actions, which has none there); the decompression after the last round
+  (P̂Qᵀ, top-k's scatter-add) and the optimizer step fall between that row
+  and the next step's compute, which the replay counts as compute.
 - OuterStep (DiLoCo): the mean over workers of (the fragment's last outer
   value − its value now), all-reduced at the wire dtype, is the gradient of an
   outer torch.optim.SGD (Nesterov when momentum > 0) that steps a separate
@@ -111,8 +123,10 @@ class CompressedHandlers:
 
     def low_rank(self, action: LowRankAllReduce) -> None:
         compressor = self.compressors[action]
-        start = self.recorder.now()
+        begun = self.recorder.now()
         plain, ps = compressor.start(self._flat_grad())
+        start = self.recorder.now()
+        self.recorder.span(self.worker, self.step, "compute", begun, start)
         # round one: the uncompressed values and every P, in one all-reduce
         first, sent = self._mean(np.concatenate([plain, *(p.reshape(-1) for p in ps)]))
         plain_mean, offset, p_means = first[:plain.size], plain.size, []
@@ -134,10 +148,12 @@ class CompressedHandlers:
 
     def sparse_allgather(self, action: SparseAllGather) -> None:
         compressor = self.compressors[action]
-        start = self.recorder.now()
+        begun = self.recorder.now()
         indices, values = compressor.compress(self._flat_grad())
         index = torch.from_numpy(indices.astype(np.int32)).to(self.device)  # INDEX_BYTES each
         value = torch.from_numpy(values).to(self.device, self.wire_dtype)
+        start = self.recorder.now()
+        self.recorder.span(self.worker, self.step, "compute", begun, start)
         every_index, every_value = self._gather(index), self._gather(value)
         sent = index.numel() * index.element_size() + value.numel() * value.element_size()
         self.bytes_sent += sent

@@ -93,11 +93,18 @@ def replayed_compute(trace: pd.DataFrame, steps: int, world: int) -> np.ndarray 
     the compute probe times as part of the step) — plus how much longer than that worker's median its
     push took to hand its bytes over (real.worker's push returns once the bytes are queued; a longer
     one is the process held up before they left, which the simulator's push does not know of). None
-    when the trace lacks a compute phase."""
+    when the trace lacks a compute phase.
+
+    A compute phase that collectives run inside (a sharded step's: FSDP's and ZeRO-3's gathers and
+    reduce-scatters are issued from the forward's and backward's hooks, so the executor's compute row
+    spans them) counts without the time they cover, as the compute probe times such a step
+    (real.calibration.compute_probe: the step less its collectives' spans; docs/log.md, "The compressor's
+    work and a sharded step's collectives in the replay")."""
     phases = trace.sort_values(["worker", "start", "end"], kind="stable")
     ended = phases.groupby("worker")["end"].transform(lambda end: end.cummax().shift())
     gap = (phases["start"] - ended).clip(lower=0).fillna(0.0)
-    computes = phases.assign(busy=phases["end"] - phases["start"] + gap)[phases["kind"] == "compute"]
+    own = (phases["end"] - phases["start"]).where(phases["kind"] != "compute", _outside_nested(phases))
+    computes = phases.assign(busy=own + gap)[phases["kind"] == "compute"]
     table = computes.pivot_table(index="step", columns="worker", values="busy", aggfunc="sum")
     table = table.reindex(index=range(steps), columns=range(world))
     if table.isna().to_numpy().any():
@@ -108,6 +115,25 @@ def replayed_compute(trace: pd.DataFrame, steps: int, world: int) -> np.ndarray 
         held = held.reindex(index=range(steps), columns=range(world))
         table = table + (held - held.median()).clip(lower=0).fillna(0.0)
     return table.to_numpy()
+
+
+def _outside_nested(phases: pd.DataFrame) -> pd.Series:
+    """Each compute row's seconds not covered by its worker's other rows inside it (the union of their
+    overlaps with it, so overlapping collectives count once); NaN for the other rows."""
+    own = pd.Series(np.nan, index=phases.index)
+    for _, rows in phases.groupby("worker", sort=False):
+        starts, ends, kinds = (rows[c].to_numpy() for c in ("start", "end", "kind"))
+        others = np.flatnonzero(kinds != "compute")
+        for i in np.flatnonzero(kinds == "compute"):
+            inside = others[(ends[others] > starts[i]) & (starts[others] < ends[i])]
+            covered, reach = 0.0, starts[i]
+            for j in inside[np.argsort(starts[inside], kind="stable")]:  # their union, left to right
+                lo, hi = max(starts[j], reach), min(ends[j], ends[i])
+                if hi > lo:
+                    covered += hi - lo
+                    reach = hi
+            own[rows.index[i]] = ends[i] - starts[i] - covered
+    return own
 
 
 def replay(cluster, workload, scheme, trace: pd.DataFrame, steps: int, world: int) -> float:

@@ -315,6 +315,21 @@ def test_bytes_are_the_actions_nbytes_row_by_row(real_run, name):
         assert sent == want, (worker, step)
 
 
+@pytest.mark.parametrize("name", ["powersgd_3", "topk"])
+def test_the_compressor_s_work_is_a_compute_row_before_the_exchange(real_run, name):
+    # The validation study's replay takes a run's compute from its compute rows and the calibration counts the
+    # compressor's work as compute (real.calibration.compute_probe): so the selection (top-k) or P = ΔQ and
+    # its orthogonalisation (PowerSGD) are a compute row of their own, after the step's backward, ending
+    # where the first collective's row starts, and not inside that row.
+    run = real_run(*RUNS[name])
+    for (worker, step), rows in run.trace.sort_values(["worker", "step", "start", "end"]).groupby(["worker", "step"]):
+        kinds = list(rows.kind)
+        first = kinds.index(SparseAllGather.kind if name == "topk" else "allreduce")
+        assert kinds[:first] == ["compute", "compute"], (worker, step, kinds)
+        backward, compressor, exchange = (rows.iloc[i] for i in (0, 1, first))
+        assert backward.end <= compressor.start < compressor.end == exchange.start, (worker, step)
+
+
 def simulated(args: tuple):
     world, steps, size = int(option(args, "--world")), int(option(args, "--steps")), int(option(args, "--batch-size"))
     model = build(option(args, "--model"), 0)

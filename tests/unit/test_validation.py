@@ -909,14 +909,34 @@ def test_a_run_s_compute_is_replayed_with_its_gaps_and_its_held_pushes():
     assert replayed_compute(trace[trace["step"] < 2], 3, 2) is None  # a missing step: no table
 
 
-def test_the_model_measured_against_itself_replays_to_no_error():
+def test_a_sharded_step_s_compute_is_replayed_without_the_collectives_inside_it():
+    """replayed_compute: a compute row that collectives run inside (ZeRO-3's and FSDP's gathers and
+    reduce-scatters, issued from the forward's and backward's hooks) counts its seconds outside them, two
+    overlapping collectives once (their union), a collective after the row not at all (hand-made trace)."""
+    rows = []
+    for worker in (0, 1):
+        for step in range(2):
+            t = 0.1 * step + 0.01 * worker
+            rows += [(worker, step, "compute", t, t + 0.020),                 # the step: 20 ms wall
+                     (worker, step, "allgather", t + 0.001, t + 0.004),      # 3 ms inside
+                     (worker, step, "allgather", t + 0.003, t + 0.006),      # overlaps it: 2 ms more
+                     (worker, step, "reducescatter", t + 0.015, t + 0.025),  # 5 ms of it inside
+                     (worker, step, "allreduce", t + 0.030, t + 0.040)]      # after the step
+    trace = pd.DataFrame(rows, columns=["worker", "step", "kind", "start", "end"]).sample(frac=1, random_state=2)
+    # step 0: 20 − (5 + 5) = 10 ms; step 1 adds its gap: it starts 60 ms after the worker's last row ended
+    np.testing.assert_allclose(replayed_compute(trace, 2, 2), [[0.010, 0.010], [0.070, 0.070]], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["allreduce", "zero:stage=3", "fsdp"])
+def test_the_model_measured_against_itself_replays_to_no_error(spec):
     """The simulator's own trace as the 'measured' run: its compute replayed (the draws of jitter and a
-    straggler, nothing else) gives back its step time exactly; a run that communicates nothing has no
+    straggler, nothing else) gives back its step time exactly, a sharded step's too (its compute rows span
+    the gathers that stall them, which the replay leaves out); a run that communicates nothing has no
     replay."""
     cluster = Cluster(nodes=2, inter=Link(bandwidth=2e7, latency=1e-4), jitter=0.3, speed=(1.0, 0.5))
-    workload = Workload(param_bytes=4e5, compute_time=0.003, batch_size=32)
-    run = simulate(cluster, workload, "allreduce", steps=30, seed=5)
-    replayed = replay(cluster, workload, parse("allreduce"), run.trace, 30, 2)
+    workload = Workload(param_bytes=4e5, compute_time=0.003, batch_size=32, layers=(1e5, 1e5, 2e5))
+    run = simulate(cluster, workload, spec, steps=30, seed=5)
+    replayed = replay(cluster, workload, parse(spec), run.trace, 30, 2)
     assert replayed == pytest.approx(run.steady.step_time, rel=1e-12)
     alone = Cluster(nodes=1, jitter=0.3)
     one = simulate(alone, workload, "allreduce", steps=10)
