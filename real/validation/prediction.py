@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import pandas as pd
 
+from syncsim.schemes.actions import AllGatherParameters, ReduceScatterGradients
+
 if TYPE_CHECKING:
     from syncsim.metrics import SteadyState
 
@@ -95,11 +97,13 @@ def replayed_compute(trace: pd.DataFrame, steps: int, world: int) -> np.ndarray 
     one is the process held up before they left, which the simulator's push does not know of). None
     when the trace lacks a compute phase.
 
-    A compute phase that collectives run inside (a sharded step's: FSDP's and ZeRO-3's gathers and
+    A compute phase that a sharded step's collectives run inside (FSDP's and ZeRO-3's gathers and
     reduce-scatters are issued from the forward's and backward's hooks, so the executor's compute row
     spans them) counts without the time they cover, as the compute probe times such a step
     (real.calibration.compute_probe: the step less its collectives' spans; docs/log.md, "The compressor's
-    work and a sharded step's collectives in the replay")."""
+    work and a sharded step's collectives in the replay"). Only those: an overlapped all-reduce's row
+    starts inside the backward's too, but the backward goes on computing beside it, and the probe times
+    that backward whole."""
     phases = trace.sort_values(["worker", "start", "end"], kind="stable")
     ended = phases.groupby("worker")["end"].transform(lambda end: end.cummax().shift())
     gap = (phases["start"] - ended).clip(lower=0).fillna(0.0)
@@ -117,13 +121,18 @@ def replayed_compute(trace: pd.DataFrame, steps: int, world: int) -> np.ndarray 
     return table.to_numpy()
 
 
+SHARDED_KINDS = (AllGatherParameters.kind, ReduceScatterGradients.kind)
+"""Trace kinds of the collectives a sharded step issues from within its compute (top-k's all-gather shares
+the kind but follows the compute: it never lies inside it)."""
+
+
 def _outside_nested(phases: pd.DataFrame) -> pd.Series:
-    """Each compute row's seconds not covered by its worker's other rows inside it (the union of their
-    overlaps with it, so overlapping collectives count once); NaN for the other rows."""
+    """Each compute row's seconds not covered by its worker's SHARDED_KINDS rows inside it (the union of
+    their overlaps with it, so overlapping collectives count once); NaN for the other rows."""
     own = pd.Series(np.nan, index=phases.index)
     for _, rows in phases.groupby("worker", sort=False):
         starts, ends, kinds = (rows[c].to_numpy() for c in ("start", "end", "kind"))
-        others = np.flatnonzero(kinds != "compute")
+        others = np.flatnonzero(np.isin(kinds, SHARDED_KINDS))
         for i in np.flatnonzero(kinds == "compute"):
             inside = others[(ends[others] > starts[i]) & (starts[others] < ends[i])]
             covered, reach = 0.0, starts[i]

@@ -912,7 +912,8 @@ def test_a_run_s_compute_is_replayed_with_its_gaps_and_its_held_pushes():
 def test_a_sharded_step_s_compute_is_replayed_without_the_collectives_inside_it():
     """replayed_compute: a compute row that collectives run inside (ZeRO-3's and FSDP's gathers and
     reduce-scatters, issued from the forward's and backward's hooks) counts its seconds outside them, two
-    overlapping collectives once (their union), a collective after the row not at all (hand-made trace)."""
+    overlapping collectives once (their union), a collective after the row not at all, nor an overlapped
+    all-reduce that starts inside it (the backward computes on beside it) (hand-made trace)."""
     rows = []
     for worker in (0, 1):
         for step in range(2):
@@ -921,13 +922,13 @@ def test_a_sharded_step_s_compute_is_replayed_without_the_collectives_inside_it(
                      (worker, step, "allgather", t + 0.001, t + 0.004),      # 3 ms inside
                      (worker, step, "allgather", t + 0.003, t + 0.006),      # overlaps it: 2 ms more
                      (worker, step, "reducescatter", t + 0.015, t + 0.025),  # 5 ms of it inside
-                     (worker, step, "allreduce", t + 0.030, t + 0.040)]      # after the step
+                     (worker, step, "allreduce", t + 0.018, t + 0.040)]      # from inside it to after it
     trace = pd.DataFrame(rows, columns=["worker", "step", "kind", "start", "end"]).sample(frac=1, random_state=2)
     # step 0: 20 − (5 + 5) = 10 ms; step 1 adds its gap: it starts 60 ms after the worker's last row ended
     np.testing.assert_allclose(replayed_compute(trace, 2, 2), [[0.010, 0.010], [0.070, 0.070]], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("spec", ["allreduce", "zero:stage=3", "fsdp"])
+@pytest.mark.parametrize("spec", ["allreduce", "allreduce:bucket_bytes=100000", "zero:stage=3", "fsdp"])
 def test_the_model_measured_against_itself_replays_to_no_error(spec):
     """The simulator's own trace as the 'measured' run: its compute replayed (the draws of jitter and a
     straggler, nothing else) gives back its step time exactly, a sharded step's too (its compute rows span
