@@ -275,8 +275,16 @@ def probed_together(spec, processes: int) -> bool:
 
 
 def within(spans, start: float, end: float) -> float:
-    """Seconds of the (start, end) ``spans`` that fall between ``start`` and ``end``."""
-    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+    """Seconds between ``start`` and ``end`` that the (start, end) ``spans`` cover, spans that overlap counted
+    once (their union, taken left to right). The compute probe takes a step's collectives off it with this,
+    and the validation study's replay a sharded run's compute rows (real.validation.prediction)."""
+    covered, reach = 0.0, start
+    for a, b in sorted(spans):
+        lo, hi = max(a, reach), min(b, end)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered
 
 
 def _less_collectives(executor, began: float, elapsed: float, phases: list[float]) -> tuple[float, list[float]]:

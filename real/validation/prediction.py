@@ -127,21 +127,19 @@ the kind but follows the compute: it never lies inside it)."""
 
 
 def _outside_nested(phases: pd.DataFrame) -> pd.Series:
-    """Each compute row's seconds not covered by its worker's SHARDED_KINDS rows inside it (the union of
-    their overlaps with it, so overlapping collectives count once); NaN for the other rows."""
+    """Each compute row's seconds not covered by its worker's SHARDED_KINDS rows inside it (as the compute
+    probe takes a step's collectives off it: compute_probe.within, overlapping rows counted once); NaN for
+    the other rows."""
+    from real.calibration.compute_probe import within
+
     own = pd.Series(np.nan, index=phases.index)
     for _, rows in phases.groupby("worker", sort=False):
         starts, ends, kinds = (rows[c].to_numpy() for c in ("start", "end", "kind"))
-        others = np.flatnonzero(np.isin(kinds, SHARDED_KINDS))
+        sharded = np.flatnonzero(np.isin(kinds, SHARDED_KINDS))
         for i in np.flatnonzero(kinds == "compute"):
-            inside = others[(ends[others] > starts[i]) & (starts[others] < ends[i])]
-            covered, reach = 0.0, starts[i]
-            for j in inside[np.argsort(starts[inside], kind="stable")]:  # their union, left to right
-                lo, hi = max(starts[j], reach), min(ends[j], ends[i])
-                if hi > lo:
-                    covered += hi - lo
-                    reach = hi
-            own[rows.index[i]] = ends[i] - starts[i] - covered
+            inside = sharded[(ends[sharded] > starts[i]) & (starts[sharded] < ends[i])]
+            spans = zip(starts[inside].tolist(), ends[inside].tolist())
+            own[rows.index[i]] = ends[i] - starts[i] - within(spans, starts[i], ends[i])
     return own
 
 

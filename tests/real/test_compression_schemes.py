@@ -324,7 +324,7 @@ def test_the_compressor_s_work_is_a_compute_row_before_the_exchange(real_run, na
     run = real_run(*RUNS[name])
     for (worker, step), rows in run.trace.sort_values(["worker", "step", "start", "end"]).groupby(["worker", "step"]):
         kinds = list(rows.kind)
-        first = kinds.index(SparseAllGather.kind if name == "topk" else "allreduce")
+        first = kinds.index((SparseAllGather if name == "topk" else LowRankAllReduce).kind)
         assert kinds[:first] == ["compute", "compute"], (worker, step, kinds)
         backward, compressor, exchange = (rows.iloc[i] for i in (0, 1, first))
         assert backward.end <= compressor.start < compressor.end == exchange.start, (worker, step)

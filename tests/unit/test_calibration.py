@@ -131,3 +131,6 @@ def test_a_step_is_timed_less_the_collective_calls_within_it():
     assert within(spans, 0.0, 10.0) == pytest.approx(1.75)
     assert within(spans, 1.1, 2.25) == pytest.approx(0.15 + 0.25)
     assert within(spans, 2.5, 3.0) == 0.0 and within([], 0.0, 1.0) == 0.0
+    # spans that overlap count once (their union), in any order: 1.0-1.5 and 1.25-2.0 cover 1.0 s
+    assert within([(1.25, 2.0), (1.0, 1.5)], 0.0, 10.0) == pytest.approx(1.0)
+    assert within([(1.25, 2.0), (1.0, 1.5)], 1.4, 1.6) == pytest.approx(0.2)
