@@ -58,10 +58,12 @@ def _late_peer(rank: int) -> dict:
 
 @pytest.mark.distributed
 def test_a_collective_is_timed_from_the_last_rank_s_arrival(tmp_path):
-    # The slowest rank's own elapsed time counts the wait for a late peer (>= LATE); timed from the last
+    # The slowest rank's own elapsed time counts the wait for a late peer (about LATE); timed from the last
     # arrival, a 4 kB all-reduce on loopback takes milliseconds, as syncsim charges it once all have arrived.
+    # The barrier before each round releases the two ranks apart (by milliseconds on a loaded machine, and
+    # either may leave first), so the slowest rank's wait is LATE give or take that skew, not LATE or more.
     timings = _spawned(tmp_path, _late_peer)
-    assert all(t >= LATE for t in timings["slowest"])
+    assert all(t >= 0.75 * LATE for t in timings["slowest"])
     assert all(0 < t < LATE / 2 for t in timings["from_last"])
 
 
@@ -81,12 +83,13 @@ def _late_leaver(rank: int) -> dict:
 def test_a_collective_s_timing_records_how_far_before_the_last_each_rank_left(tmp_path):
     # timed_once's ``exits``: per round, each rank's lead over the last rank to leave, increasing, the
     # last's 0. Rank 1 leaves at once and rank 0 LATE seconds later (both started together), so each round
-    # records [0, ~LATE], and the round's time is still from the last start to the last end (~LATE).
+    # records [0, ~LATE], and the round's time is still from the last start to the last end (~LATE), each
+    # give or take the milliseconds by which the barrier releases the ranks apart.
     result = _spawned(tmp_path, _late_leaver)
     assert len(result["exits"]) == 3
     for (first, second), timed in zip(result["exits"], result["timed"]):
-        assert first == 0.0 and LATE * 0.9 <= second < LATE * 1.5
-        assert LATE * 0.9 <= timed < LATE * 1.5
+        assert first == 0.0 and LATE * 0.75 <= second < LATE * 1.5
+        assert LATE * 0.75 <= timed < LATE * 1.5
 
 
 AFTER, WORK = 0.15, 0.01  # seconds each rank stays busy after the action, and the action's own time
