@@ -96,21 +96,23 @@ def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) ->
 
     dist.init_process_group("gloo")
     buffers = [torch.zeros(size // 4) for _ in range(2)]
-    trials = []
-    plan = [(pattern, fraction, repeats) for pattern in ("into", "out") for fraction in SHARING_OFFSETS]
-    for pattern, fraction, times in plan:
-        for repeat in range(times + 1):  # the first is a warm-up (connections, buffers)
+    plan = [(pattern, fraction) for pattern in ("into", "out") for fraction in SHARING_OFFSETS]
+    seen = []
+    for pattern, fraction in plan:
+        for repeat in range(repeats + 1):  # the first is a warm-up (connections, buffers)
             dist.barrier()
             start = torch.tensor([time.perf_counter() + idle + 0.02], dtype=torch.float64)
             dist.broadcast(start, 0)  # one instant for all; the links then rest ``idle`` (refilling buckets)
             at = (float(start), float(start) + fraction * lone)  # when flow 0 (peer 1) and flow 1 (peer 2) start
             starts, ends = _collide(pattern, at, buffers)
-            gathered = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, (starts, ends))
-            if repeat:  # each instant was taken by one rank: the one that is not NaN
-                known = [[next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)]
-                         for values in zip(*gathered)]
-                trials.append({"pattern": pattern, "fraction": fraction, "starts": known[0], "ends": known[1]})
+            if repeat:
+                seen.append((starts, ends))
+    # The instants are exchanged once, after every collision: gathered after each, by an all-gather ring in
+    # which one peer sends to the host and the other receives from it, they made the next collision split
+    # differently (at 200 Mbit/s the first of two 1.7 MB pushes a quarter of a transfer apart ended a median
+    # 130 ms after its start with the exchange, 116 ms without; docs/log.md, "The probe's own chatter").
+    trials = [{"pattern": pattern, "fraction": fraction, "starts": starts, "ends": ends}
+              for (pattern, fraction), (starts, ends) in zip([p for p in plan for _ in range(repeats)], _known(seen))]
     trials += _take_turns(buffers, turns(lone))
     if dist.get_rank() == 0:
         write_atomic(out, json.dumps(trials))
@@ -171,10 +173,15 @@ def _take_turns(buffers: list, turns: int) -> list[dict]:
             ends[1] = time.perf_counter()
         if turn:
             seen.append((starts, ends))
+    return [{"pattern": "turns", "fraction": 0.0, "starts": starts, "ends": ends} for starts, ends in _known(seen)]
+
+
+def _known(seen: list) -> list[tuple[list[float], list[float]]]:
+    """Every rank's (starts, ends) of each trial in ``seen`` gathered into one (starts, ends) per trial: each
+    instant was taken by one rank, the one whose value is not NaN."""
+    import torch.distributed as dist
+
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, seen)
-    trials = []
-    for turn in zip(*gathered):  # each instant was taken by one rank: the one that is not NaN
-        known = [[next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)] for values in zip(*turn)]
-        trials.append({"pattern": "turns", "fraction": 0.0, "starts": known[0], "ends": known[1]})
-    return trials
+    return [tuple([next(v[i] for v in values if not math.isnan(v[i])) for i in range(2)] for values in zip(*trial))
+            for trial in zip(*gathered)]
