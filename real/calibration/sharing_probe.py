@@ -107,7 +107,7 @@ def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) ->
             starts, ends = _collide(pattern, at, buffers)
             if repeat:
                 seen.append((starts, ends))
-    # The instants are exchanged once, after every collision: gathered after each, by an all-gather ring in
+    # The instants are exchanged once, after the last collision: gathered after each, by an all-gather ring in
     # which one peer sends to the host and the other receives from it, they made the next collision split
     # differently (at 200 Mbit/s the first of two 1.7 MB pushes a quarter of a transfer apart ended a median
     # 130 ms after its start with the exchange, 116 ms without; docs/log.md, "The probe's own chatter").

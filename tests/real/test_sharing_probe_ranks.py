@@ -1,4 +1,4 @@
-"""The sharing probe's ranks exchange their instants once, after every collision (real.calibration.sharing_probe)."""
+"""The sharing probe's ranks exchange their instants once, after the last collision (real.calibration.sharing_probe)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _probe_rank(rank: int, port: int, out: str) -> None:
 
 
 @pytest.mark.distributed
-def test_the_sharing_probe_exchanges_its_instants_once_after_every_collision(tmp_path):
+def test_the_sharing_probe_exchanges_its_instants_once_after_the_last_collision(tmp_path):
     # Each collision's instants used to be gathered right after it, by an all-gather ring in which one peer
     # sends to the host and the other receives from it; the next collision of two gloo pushes then split
     # differently (at 200 Mbit/s the first of two 1.7 MB pushes a quarter of a transfer apart took a
