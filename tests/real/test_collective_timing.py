@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch.multiprocessing as mp
 
+from tests.real.test_compute_calibration import _free_port
+
 LATE = 0.08  # seconds rank 1 arrives after rank 0, in every round
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _in_group(rank: int, port: int, out: str, body) -> None:

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch.multiprocessing as mp
 
+from tests.real.test_compute_calibration import _free_port
+
 REPEATS, SIZE = 2, 4096
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _probe_rank(rank: int, port: int, out: str) -> None:
