@@ -96,9 +96,8 @@ def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) ->
 
     dist.init_process_group("gloo")
     buffers = [torch.zeros(size // 4) for _ in range(2)]
-    plan = [(pattern, fraction) for pattern in ("into", "out") for fraction in SHARING_OFFSETS]
-    seen = []
-    for pattern, fraction in plan:
+    seen, labels = [], []  # each timed collision's instants on this rank, and its (pattern, fraction)
+    for pattern, fraction in [(p, f) for p in ("into", "out") for f in SHARING_OFFSETS]:
         for repeat in range(repeats + 1):  # the first is a warm-up (connections, buffers)
             dist.barrier()
             start = torch.tensor([time.perf_counter() + idle + 0.02], dtype=torch.float64)
@@ -107,12 +106,13 @@ def sharing_rank(out: str, size: int, repeats: int, idle: float, lone: float) ->
             starts, ends = _collide(pattern, at, buffers)
             if repeat:
                 seen.append((starts, ends))
+                labels.append((pattern, fraction))
     # The instants are exchanged once, after the last collision: gathered after each, by an all-gather ring in
     # which one peer sends to the host and the other receives from it, they made the next collision split
     # differently (at 200 Mbit/s the first of two 1.7 MB pushes a quarter of a transfer apart ended a median
     # 130 ms after its start with the exchange, 116 ms without; docs/log.md, "The probe's own chatter").
     trials = [{"pattern": pattern, "fraction": fraction, "starts": starts, "ends": ends}
-              for (pattern, fraction), (starts, ends) in zip([p for p in plan for _ in range(repeats)], _known(seen))]
+              for (pattern, fraction), (starts, ends) in zip(labels, _known(seen))]
     trials += _take_turns(buffers, turns(lone))
     if dist.get_rank() == 0:
         write_atomic(out, json.dumps(trials))
