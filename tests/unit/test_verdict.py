@@ -63,6 +63,49 @@ def test_the_steadiness_gate_and_the_grid_decide_whether_the_targets_are_judged(
     assert "not steady" in verdict.judgeable(frame, Steadiness("mlp", 32, 1.0, tuple(times)), keys, KEY)
 
 
+def _with_baselines(frame, measured):
+    """``frame`` and one-worker all-reduce rows (each model's speedup baseline) measured ``measured`` s."""
+    base = [{"scheme": "allreduce", "world": 1, "servers": 0, "bandwidth": rate, "model": "mlp", "slow": 1.0,
+             "rel_error": 0.0, "speedup_error": np.nan, "staleness_mean_error": np.nan, "error": "",
+             "measured_step_time": t, "compute_time": t} for rate, t in zip(("50Mbit/s", "200Mbit/s", "1Gbit/s"),
+                                                                              measured)]
+    return pd.concat([frame.assign(measured_step_time=5e-3, compute_time=1e-3), pd.DataFrame(base)],
+                     ignore_index=True)
+
+
+def test_the_repeat_bound_is_where_one_prediction_stops_fitting_every_repeat():
+    # Closed form: p within 15 % of runs a < b needs 0.85 b <= p <= 1.15 a. Checked by search over p.
+    def fits(ratio):
+        return any(abs(p - 1.0) <= 0.15 + 1e-12 and abs(p / ratio - 1) <= 0.15 + 1e-12
+                   for p in np.linspace(0.8, 1.6, 160_001))
+    assert verdict.REPEAT_SPREAD == pytest.approx(1.15 / 0.85 - 1)
+    assert fits((1 + verdict.REPEAT_SPREAD) * (1 - 1e-4))
+    assert not fits((1 + verdict.REPEAT_SPREAD) * (1 + 1e-4))
+
+
+def test_baselines_that_moved_during_the_grid_withhold_the_verdict_whatever_the_steady_minute():
+    # The steadiness minute at the start read steady; the same configuration, run at the grid's start,
+    # middle and end, measured 1.0, 1.3 and 1.4 ms: 40 % apart, past the 35 % any one prediction can span.
+    frame = _with_baselines(_frame([0.01, -0.02]), (1.0e-3, 1.3e-3, 1.4e-3))
+    keys = set(frame[list(KEY)].itertuples(index=False, name=None))
+    why = verdict.judgeable(frame, STEADY, keys, KEY)
+    assert why == ("the machine moved during the grid: mlp's one-worker baseline, run 3 times, measured "
+                   "1.00-1.40 ms (40% apart; within 35% one prediction can lie within 15% of every repeat), so "
+                   "a row's miss may be the machine's, not the model's")
+    assert verdict.verdict_lines(frame, STEADY, keys, KEY)[0] == f"targets: not judged: {why}"
+    # 1.0-1.3 ms (30 % apart) is within the bound: judged, and the head says how far the repeats lay
+    held = _with_baselines(_frame([0.01, -0.02]), (1.0e-3, 1.3e-3, 1.2e-3))
+    assert verdict.judgeable(held, STEADY, keys, KEY) is None
+    head = verdict.verdict_lines(held, STEADY, keys, KEY)[0]
+    assert head.startswith("targets: ") and head.endswith(
+        " (the machine was steady: 0% of windows moved by more than 15%, and its baselines' repeats lay within "
+        "30% of each other)")
+    # a failed repeat is no measurement of the machine
+    failed = _with_baselines(_frame([0.01, -0.02]), (1.0e-3, 1.3e-3, 1.4e-3))
+    failed.loc[failed.index[-1], "error"] = "RuntimeError: injected"
+    assert "configurations failed" in verdict.judgeable(failed, STEADY, keys, KEY)
+
+
 def test_a_steady_run_states_each_target_met_or_missed_with_its_value():
     # step time |errors| 0.01, 0.02, 0.03, 0.12, 0.20 (median 3 %: met at the bound; max 20 %: missed);
     # speedups 0.0-0.04 (met); staleness 0.25 on one row (missed); misses beyond 10 %: one each sign
