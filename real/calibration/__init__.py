@@ -45,7 +45,8 @@ On the testbed every number has a physical meaning:
   over ranks and steps is the workload's compute time, its coefficient of variation the cluster's
   jitter, and the backward's share of the step the workload's backward_fraction (when DDP's buckets
   become ready). For a scheme with parameter servers the ranks then time steps that each follow an
-  idle gap of IDLE_GAPS: how much longer those take is the workload's idle_cost, which the simulator
+  idle gap of IDLE_GAPS, each paired with a back-to-back step just before its gap: how much longer those
+  take than their pairs is the workload's idle_cost, which the simulator
   adds to a step whose worker idled before it (waiting for the servers). On this machine it is most
   of a small step: the small model's 0.45 ms step took 1.04 ms after 5 ms idle, so one worker of a
   parameter server computed 1.1 ms a step in runs where the back-to-back probe said 0.67 ms. Workers

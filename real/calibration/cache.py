@@ -18,7 +18,7 @@ from syncsim.files import write_atomic
 
 __all__ = ["SCHEMA_VERSION", "NotCached", "cached", "recorded", "store", "slug", "offline", "check_online"]
 
-SCHEMA_VERSION = 5  # raise it when a probe records something new or measures differently
+SCHEMA_VERSION = 6  # raise it when a probe records something new or measures differently
 
 
 _OFFLINE = [False]  # inside offline(): nothing may be measured

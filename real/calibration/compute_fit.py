@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 __all__ = ["COMPUTE_STEPS", "COMPUTE_SECONDS", "COMPUTE_WARMUP", "MAX_COMPUTE_STEPS", "IDLE_GAPS", "IDLE_STEPS",
+           "REFERENCE_STEPS",
            "idle_cost", "worker_work", "summarise_compute", "meeting_excess"]
 
 # Each rank times at least COMPUTE_STEPS steps and COMPUTE_SECONDS of them (after COMPUTE_WARMUP): on a shared
@@ -14,19 +15,27 @@ COMPUTE_STEPS, COMPUTE_SECONDS, COMPUTE_WARMUP, MAX_COMPUTE_STEPS = 40, 2.0, 5, 
 # After the back-to-back steps the probe times IDLE_STEPS steps after each of IDLE_GAPS seconds idle: a run's
 # worker waits for the network between steps, and on this machine a step after an idle gap computes longer
 # (the small model: 0.45 ms back to back, 0.63 ms after 2 ms idle, 1.04 ms after 5 ms, 1.56 ms after 20 ms).
-IDLE_GAPS, IDLE_STEPS = (2e-3, 8e-3, 30e-3), 15
+# Each step after a gap is paired with a back-to-back step just before that gap, the last of
+# REFERENCE_STEPS run one after the other, and the idle cost is the pairs' difference: compared with the
+# back-to-back phase seconds before, as it once was, the machine's own drift between the two phases became
+# idle cost (docs/log.md, "2026-12-07, night").
+IDLE_GAPS, IDLE_STEPS, REFERENCE_STEPS = (2e-3, 8e-3, 30e-3), 15, 2
 
 
-def idle_cost(back_to_back: float, after_idle: list[list[float]]) -> list[tuple[float, float]]:
-    """syncsim's Workload.idle_cost from the compute probe: for each of IDLE_GAPS, how much longer the
-    steps that followed that gap took than the ``back_to_back`` mean (none shorter); none without
-    timings after idle gaps (a scheme without servers)."""
-    if not after_idle:  # the probe of a scheme without servers, whose workers never idle
+def idle_cost(before_idle: list[list[float]], after_idle: list[list[float]]) -> list[tuple[float, float]]:
+    """syncsim's Workload.idle_cost from the compute probe: for each of IDLE_GAPS, how much longer the steps
+    that followed that gap took (``after_idle``) than the back-to-back steps each was paired with, run just
+    before the gap (``before_idle``): the mean of after less the mean of before (none shorter); none
+    without timings after idle gaps (a scheme without servers)."""
+    if not after_idle and not before_idle:  # the probe of a scheme without servers, whose workers never idle
         return []
-    if len(after_idle) != len(IDLE_GAPS) or not all(after_idle):
-        raise ValueError(f"idle_cost needs timings after each of {len(IDLE_GAPS)} gaps, got {len(after_idle)} lists "
-                         f"of {[len(t) for t in after_idle]}")
-    return [(gap, max(0.0, statistics.fmean(times) - back_to_back)) for gap, times in zip(IDLE_GAPS, after_idle)]
+    if (len(after_idle) != len(IDLE_GAPS) or len(before_idle) != len(IDLE_GAPS)
+            or not all(after_idle) or [len(t) for t in before_idle] != [len(t) for t in after_idle]):
+        raise ValueError(f"idle_cost needs timings after each of {len(IDLE_GAPS)} gaps, each paired with one "
+                         f"before it; got {[len(t) for t in before_idle]} before and {[len(t) for t in after_idle]} "
+                         "after")
+    return [(gap, max(0.0, statistics.fmean(after) - statistics.fmean(before)))
+            for gap, before, after in zip(IDLE_GAPS, before_idle, after_idle)]
 
 
 def summarise_compute(gathered: list[dict], model: str, batch_size: int, scheme: str, slow: float) -> dict:
@@ -45,8 +54,9 @@ def summarise_compute(gathered: list[dict], model: str, batch_size: int, scheme:
               "backward_fraction": statistics.fmean(t for g in gathered for t in g["backward"]) / mean,
               "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
               "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"],
-              "idle_cost": idle_cost(mean, [[t for g in gathered for t in g["after_idle"][i]]
-                                            for i in range(len(gathered[0]["after_idle"]))]),
+              "idle_cost": idle_cost(*([[t for g in gathered for t in g[side][i]]
+                                         for i in range(len(gathered[0][side]))]
+                                        for side in ("before_idle", "after_idle"))),
               "meets": gathered[0]["meetings"],  # how often the ranks met at their scheme's collectives
               "meeting_excess": meeting_excess([g.get("between", []) for g in gathered])}
     if slowed is not None:

@@ -20,6 +20,7 @@ from real.calibration.compute_fit import (
     IDLE_GAPS,
     IDLE_STEPS,
     MAX_COMPUTE_STEPS,
+    REFERENCE_STEPS,
     summarise_compute,
     worker_work,
 )
@@ -33,7 +34,8 @@ def measure_scheme_compute(model: str, batch_size: int, processes: int, folder: 
     """``processes`` ranks timing the executor's step of ``scheme`` without its communication at once;
     compute_time, jitter, backward_fraction, forward_time, layers, meets (how often the ranks met where
     the scheme's collectives are), and idle_cost (how much longer steps
-    take after each of IDLE_GAPS idle, syncsim's Workload.idle_cost). With ``slow`` > 1 the last rank is
+    take after each of IDLE_GAPS idle than the back-to-back steps paired with them, syncsim's
+    Workload.idle_cost). With ``slow`` > 1 the last rank is
     slowed as ``--slow`` slows a run's last worker, and ``slowed_time`` is its step (the others make the
     rest), ``slow_forward`` the forward it timed warm and sized its sleep from, ``slow_wait`` that sleep: a
     run given ``--slow RANK:F:slow_forward`` sleeps as long. A ``repeat`` label (letters, digits, dashes)
@@ -149,7 +151,7 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
     executor, client, model, steps, together = _probe_executor(model_name, batch_size, scheme, folder, slow)
     dist.barrier()  # every rank starts at once: they share the cores as a run's ranks do
     timings, step = _time_back_to_back(executor, steps, pushes=client is not None, less_collectives=together)
-    after_idle = _time_after_idle(executor, step) if client is not None else []
+    before_idle, after_idle = _time_after_idle(executor, step) if client is not None else ([], [])
     layers = list(param_layers(model))
     slow_wait = executor.slow_wait  # a slowed rank's sleep per step (real.executor; 0 when not slowed)
     slow_forward = executor.slow_forward  # the forward that sleep was sized from (None: not slowed)
@@ -161,7 +163,7 @@ def time_worker_steps(model_name: str, batch_size: int, scheme: str, folder: str
     del executor, client
     gc.collect()
     return {"steps": timings["steps"], "forward": timings["forward"], "backward": timings["backward"],
-            "layers": layers, "after_idle": after_idle, "meetings": timings["meetings"],
+            "layers": layers, "before_idle": before_idle, "after_idle": after_idle, "meetings": timings["meetings"],
             "between": timings["between"], "slow_wait": slow_wait, "slow_forward": slow_forward}
 
 
@@ -182,7 +184,8 @@ def _probe_executor(model_name: str, batch_size: int, scheme: str, folder: str, 
 
     pushes = needs_servers(scheme)
     cfg = RunConfig(scheme=scheme, world=1, servers=int(pushes), model=model_name, batch_size=batch_size,
-                    steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS + len(IDLE_GAPS) * IDLE_STEPS, out=folder,
+                    steps=COMPUTE_WARMUP + MAX_COMPUTE_STEPS + len(IDLE_GAPS) * IDLE_STEPS * (REFERENCE_STEPS + 1),
+                    out=folder,
                     slow=((0, slow),) if slow > 1 else ())
     rank, world = dist.get_rank(), dist.get_world_size()
     together = probed_together(cfg.spec, world)
@@ -297,22 +300,30 @@ def _less_collectives(executor, began: float, elapsed: float, phases: list[float
     return elapsed - within(spans, began, math.inf), [forward, backward]
 
 
-def _time_after_idle(executor, step: int) -> list[list[float]]:
+def _time_after_idle(executor, step: int) -> tuple[list[list[float]], list[list[float]]]:
     """For a worker of parameter servers, IDLE_STEPS steps after each of IDLE_GAPS seconds idle, as its
-    steps follow its wait for the servers (the ranks idle together, as they computed together). A worker
-    waiting for a collective is not idle (its own threads reduce), and syncsim charges it no idle cost."""
+    steps follow its wait for the servers (the ranks idle together, as they computed together), each paired
+    with the step just before its gap, the last of REFERENCE_STEPS back to back: (before, after), per gap.
+    Paired, the machine's drift over the seconds the gaps take is in both alike. A worker waiting for a
+    collective is not idle (its own threads reduce), and syncsim charges it no idle cost."""
     import torch.distributed as dist
 
     dist.barrier()
-    after_idle = []
+    before_idle, after_idle = [], []
     for gap in IDLE_GAPS:
-        timings = []
+        before, after = [], []
         for _ in range(IDLE_STEPS):
+            for _ in range(REFERENCE_STEPS):
+                step += 1
+                t0 = time.perf_counter()
+                executor.run_step(step)
+                reference = time.perf_counter() - t0
+            before.append(reference)
             step += 1
             time.sleep(gap)
             t0 = time.perf_counter()
             executor.run_step(step)
-            timings.append(time.perf_counter() - t0)
-        after_idle.append(timings)
-    return after_idle
-
+            after.append(time.perf_counter() - t0)
+        before_idle.append(before)
+        after_idle.append(after)
+    return before_idle, after_idle

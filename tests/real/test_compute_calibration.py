@@ -69,7 +69,8 @@ def _rank(rank: int, port: int, folder: str) -> None:
             timed = calibration.time_worker_steps("mlp", 32, scheme, folder)
         finally:
             setattr(cls, name, original)
-        steps = calibration.COMPUTE_WARMUP + len(timed["steps"]) + sum(map(len, timed["after_idle"]))
+        paired = sum(map(len, timed["after_idle"]))  # each step after a gap follows its reference steps
+        steps = calibration.COMPUTE_WARMUP + len(timed["steps"]) + paired * (1 + calibration.REFERENCE_STEPS)
         return statistics.fmean(timed["steps"]), calls["n"] / steps
 
     results = {}
@@ -81,7 +82,7 @@ def _rank(rank: int, port: int, folder: str) -> None:
                            "spans_per_step": spans_per_step, "beaten": beaten, "beats_per_step": beats_per_step,
                            "forward": statistics.fmean(plain["forward"]),
                            "backward": statistics.fmean(plain["backward"]), "layers": plain["layers"],
-                           "after_idle": plain["after_idle"]}
+                           "before_idle": plain["before_idle"], "after_idle": plain["after_idle"]}
     straggler = calibration.time_worker_steps("mlp", 32, "allreduce", folder, slow=SLOW)
     results["straggler"] = {k: straggler[k] for k in ("steps", "forward", "backward", "slow_wait")}
     with open(os.path.join(folder, "compute.json"), "w") as f:
@@ -126,6 +127,9 @@ def test_the_compute_probe_times_the_executor_s_own_step_bookkeeping_included(tm
         gaps = len(calibration.IDLE_GAPS) if scheme.startswith("ps") else 0  # only servers' workers idle
         assert [len(t) for t in r["after_idle"]] == [calibration.IDLE_STEPS] * gaps
         assert all(0 < t < calibration.IDLE_GAPS[-1] for times in r["after_idle"] for t in times), (scheme, r)
+        # each paired with a back-to-back step timed just before its gap, which holds no gap either
+        assert [len(t) for t in r["before_idle"]] == [calibration.IDLE_STEPS] * gaps
+        assert all(0 < t < calibration.IDLE_GAPS[-1] for times in r["before_idle"] for t in times), (scheme, r)
 
 
 def test_free_network_does_the_worker_s_tensor_work_and_sends_nothing():

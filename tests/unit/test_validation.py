@@ -716,12 +716,14 @@ def test_a_straggler_row_s_run_sleeps_from_the_forward_its_probe_timed(monkeypat
 def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeypatch, tmp_path):
     from real.calibration import compute_probe as calibration
 
+    before = [[2e-3, 2e-3], [2e-3, 2e-3], [2e-3, 2e-3]]  # each step's paired back-to-back step before its gap
     ranks = [{"steps": [1e-3, 3e-3], "forward": [2e-4, 2e-4], "backward": [6e-4, 6e-4], "layers": [8],
-              "meetings": 7, "after_idle": [[2e-3, 3e-3], [3e-3, 3e-3], [1e-3, 1e-3]]},
+              "meetings": 7, "before_idle": before, "after_idle": [[2e-3, 3e-3], [3e-3, 3e-3], [1e-3, 1e-3]]},
              {"steps": [2e-3, 2e-3], "forward": [4e-4, 4e-4], "backward": [1e-3, 1e-3], "layers": [8],
-              "meetings": 7, "after_idle": [[2e-3, 3e-3], [4e-3, 4e-3], [1e-3, 1e-3]]},
+              "meetings": 7, "before_idle": before, "after_idle": [[2e-3, 3e-3], [4e-3, 4e-3], [1e-3, 1e-3]]},
              {"steps": [9e-3, 11e-3], "forward": [3e-4, 3e-4], "backward": [9e-3, 9e-3], "layers": [8],
-              "meetings": 7, "after_idle": [[50e-3], [50e-3], [50e-3]], "slow_forward": 2.5e-4, "slow_wait": 1.5e-3}]
+              "meetings": 7, "before_idle": [[9e-3], [9e-3], [9e-3]], "after_idle": [[50e-3], [50e-3], [50e-3]],
+              "slow_forward": 2.5e-4, "slow_wait": 1.5e-3}]
     given = []
 
     def time_steps(model, batch_size, scheme, folder, slow):
@@ -748,8 +750,8 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
     assert (result["slow_forward"], result["slow_wait"]) == (2.5e-4, 1.5e-3)  # its sleep, and what sized it
     assert result["compute_time"] == pytest.approx(2e-3) and result["forward_time"] == pytest.approx(3e-4)
     assert result["per_rank"] == pytest.approx([2e-3, 2e-3])
-    # the idle cost is the unslowed ranks' mean step after each gap less their back-to-back mean (2 ms),
-    # none below zero; the slowed rank's steps are left out of it as out of compute_time
+    # the idle cost is the unslowed ranks' mean step after each gap less the mean of the steps paired with
+    # them before it (2 ms), none below zero; the slowed rank's steps are left out of it as out of compute_time
     gaps = [gap for gap, _ in result["idle_cost"]]
     assert gaps == list(calibration.IDLE_GAPS)
     assert [extra for _, extra in result["idle_cost"]] == pytest.approx([0.5e-3, 1.5e-3, 0.0])
@@ -758,12 +760,34 @@ def test_the_compute_probe_reports_its_last_rank_apart_when_it_is_slowed(monkeyp
 def test_idle_cost_needs_timings_after_every_gap():
     from real.calibration.compute_fit import IDLE_GAPS, idle_cost
 
-    assert idle_cost(1e-3, [[2e-3]] * len(IDLE_GAPS)) == [(gap, pytest.approx(1e-3)) for gap in IDLE_GAPS]
-    assert idle_cost(1e-3, []) == []  # a scheme without servers: its workers never idle
+    before = [[1e-3]] * len(IDLE_GAPS)
+    assert idle_cost(before, [[2e-3]] * len(IDLE_GAPS)) == [(gap, pytest.approx(1e-3)) for gap in IDLE_GAPS]
+    assert idle_cost([], []) == []  # a scheme without servers: its workers never idle
     with pytest.raises(ValueError, match="timings after each of"):
-        idle_cost(1e-3, [[2e-3]] * (len(IDLE_GAPS) - 1))
+        idle_cost(before[1:], [[2e-3]] * (len(IDLE_GAPS) - 1))
     with pytest.raises(ValueError, match="timings after each of"):
-        idle_cost(1e-3, [[2e-3]] * (len(IDLE_GAPS) - 1) + [[]])
+        idle_cost(before, [[2e-3]] * (len(IDLE_GAPS) - 1) + [[]])
+    with pytest.raises(ValueError, match="each paired with one before it"):
+        idle_cost([[1e-3, 1e-3]] * len(IDLE_GAPS), [[2e-3]] * len(IDLE_GAPS))
+
+
+def test_a_machine_that_drifts_between_the_probe_s_phases_shows_no_idle_cost():
+    # The back-to-back phase ran at 1 ms a step; seconds later the machine was slower, and every step around
+    # the gaps took 2 ms, before a gap as after it. Idling cost nothing: each step after a gap is compared
+    # with its paired step before the gap, not with the phase before (which would say 1 ms of idle cost).
+    from real.calibration.compute_fit import IDLE_GAPS, summarise_compute
+
+    rank = {"steps": [1e-3] * 4, "forward": [3e-4] * 4, "backward": [6e-4] * 4, "layers": [8], "meetings": 0,
+            "before_idle": [[2e-3] * 3] * len(IDLE_GAPS), "after_idle": [[2e-3] * 3] * len(IDLE_GAPS)}
+    result = summarise_compute([rank], "mlp", 32, "ps", 1.0)
+    assert result["compute_time"] == pytest.approx(1e-3)
+    assert [cost for _, cost in result["idle_cost"]] == [0.0] * len(IDLE_GAPS)
+    # and what idling does cost is the paired difference, gap by gap (a mean over the ranks' pairs)
+    other = rank | {"before_idle": [[2e-3, 4e-3, 3e-3]] * len(IDLE_GAPS),
+                    "after_idle": [[2.5e-3, 4.5e-3, 3.5e-3], [3e-3, 5e-3, 4e-3], [4e-3, 6e-3, 5e-3]]}
+    result = summarise_compute([rank, other], "mlp", 32, "ps", 1.0)
+    # rank 0 adds 0 to each gap, the other 0.5, 1 and 2 ms: over six pairs, 0.25, 0.5 and 1 ms
+    assert [cost for _, cost in result["idle_cost"]] == pytest.approx([0.25e-3, 0.5e-3, 1e-3])
 
 
 def test_schemes_whose_workers_do_the_same_work_share_one_compute_probe(tmp_path, monkeypatch):
