@@ -39,6 +39,7 @@ FAILURE_GRACE = 5.0  # seconds the other nodes get to report their own errors af
 # is judged at (real.failure.fates), not the end of FAILURE_GRACE and the stop, by which time a rank killed
 # while computing would read as hung for those seconds.
 FAILED_AT_FILE = "failed-at.json"
+NETWORK_FILE = "network.json"  # in a run's testbed folder: its shapers and congestion control (Testbed.describe)
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when the launcher stops nodes (torch's agent: the same)
 MAX_RUN_TIMEOUT = 7 * 86400.0  # --run-timeout at most a week
 RDZV_PORT = 29400  # torchrun's default c10d port; each namespace has its own port space
@@ -185,6 +186,8 @@ def run(bed: Testbed, cfg, timeout: float = 600.0, agent: bool = True, fork: boo
     logs = Path(cfg.out) / "testbed"
     for old in [*logs.glob("exits-node*.json"), logs / FAILED_AT_FILE]:
         old.unlink(missing_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    write_atomic(logs / NETWORK_FILE, json.dumps(bed.describe(), indent=1))  # the shapers and the TCP it ran with
     try:
         codes = torchrun_on(bed, "real.worker", cfg.to_argv(), logs, timeout, agent=agent, fork=fork)
     except BaseException as err:

@@ -11,6 +11,7 @@ of microseconds, and is measured by studies.validation). real.testbed.launcher r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -225,6 +226,20 @@ class Testbed:
                 raise TestbedUnavailable(f"tc -s qdisc on {device} in {ns} shows no drop count: {shown.strip()!r}")
             total += int(match.group(1))
         return total
+
+    def congestion_control(self, host: int = 0) -> str:
+        """The TCP congestion control of ``host``'s namespace (each namespace takes the machine's default when
+        it is made): whether two flows into one shaper take turns or keep in step depends on it (a bare
+        push loop at 200 Mbit/s, started together: 271-300 ms a step under cubic, in step; 163-168 ms
+        under bbr or reno, in turns; docs/log.md, "2026-12-07, evening")."""
+        setting = "/proc/sys/net/ipv4/tcp_congestion_control"
+        return _ip("ip", "netns", "exec", self.host_ns[host], "cat", setting).strip()
+
+    def describe(self) -> dict:
+        """What a run's record says of the network it ran on: the config (bytes/s, seconds, bytes) and each
+        host's congestion control."""
+        return dataclasses.asdict(self.config) | {
+            "congestion_control": [self.congestion_control(h) for h in range(len(self.host_ns))]}
 
     def command(self, host: int, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.host_ns[host], *argv]

@@ -175,8 +175,13 @@ def test_multi_node_torchrun_allreduce_run_keeps_replicas_equal(tmp_path, agent)
     assert summary["complete"] and summary["steps_done"] == [5, 5]
     checksums = summary["param_checksums"]
     assert set(checksums) == {"0", "1"} and len(set(checksums.values())) == 1
-    # one torchrun node per host, each with its own log
-    assert sorted(p.name for p in (tmp_path / "testbed").iterdir()) == ["node0.log", "node1.log"]
+    # one torchrun node per host, each with its own log, and the network it ran on: the shapers' rate and
+    # every host's TCP congestion control, the machine's default (each namespace takes it when made)
+    assert sorted(p.name for p in (tmp_path / "testbed").iterdir()) == ["network.json", "node0.log", "node1.log"]
+    network = json.loads((tmp_path / "testbed" / "network.json").read_text())
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    assert network["bandwidth"] == 25e6 and network["hosts"] == 2
+    assert network["congestion_control"] == [default, default]
     assert namespaces(PREFIX) == []
 
 
