@@ -6,8 +6,7 @@ from __future__ import annotations
 import statistics
 
 __all__ = ["COMPUTE_STEPS", "COMPUTE_SECONDS", "COMPUTE_WARMUP", "MAX_COMPUTE_STEPS", "IDLE_GAPS", "IDLE_STEPS",
-           "REFERENCE_STEPS",
-           "idle_cost", "worker_work", "summarise_compute", "meeting_excess"]
+           "REFERENCE_STEPS", "idle_cost", "worker_work", "summarise_compute", "meeting_excess"]
 
 # Each rank times at least COMPUTE_STEPS steps and COMPUTE_SECONDS of them (after COMPUTE_WARMUP): on a shared
 # machine a 0.5 ms step timed 40 times is 20 ms of measurement, which one burst of another process can fill.
