@@ -26,6 +26,8 @@ def test_a_failed_run_is_judged_when_its_first_node_was_seen_failed(monkeypatch,
     calls = []
     monkeypatch.setattr(launcher, "torchrun_on", torchrun_on)
     monkeypatch.setattr("real.run.finish", lambda cfg, exits, fallback, **kw: calls.append(kw) or "failed")
-    bed = types.SimpleNamespace(config=types.SimpleNamespace(hosts=2))
+    bed = types.SimpleNamespace(config=types.SimpleNamespace(hosts=2), describe=lambda: {"hosts": 2})
     code, _ = launcher.run(bed, cfg)
     assert code == 1 and calls == [{"failed_at": seen_failed}]
+    # and, failed or not, the run's record holds the network it had (Testbed.describe)
+    assert json.loads((tmp_path / "run" / "testbed" / launcher.NETWORK_FILE).read_text()) == {"hosts": 2}
