@@ -48,14 +48,16 @@ def summarise_compute(gathered: list[dict], model: str, batch_size: int, scheme:
     slowed = gathered.pop() if slow > 1 else None  # the last rank's, as --slow slows a run's last worker
     steps = [t for g in gathered for t in g["steps"]]
     mean = statistics.fmean(steps)
+
+    def pooled(side: str) -> list[list[float]]:  # every rank's timings of each idle gap, gap by gap
+        return [[t for g in gathered for t in g[side][i]] for i in range(len(gathered[0][side]))]
+
     result = {"model": model, "batch_size": batch_size, "processes": processes, "scheme": scheme,
               "compute_time": mean, "jitter": statistics.pstdev(steps) / mean,
               "backward_fraction": statistics.fmean(t for g in gathered for t in g["backward"]) / mean,
               "forward_time": statistics.fmean(t for g in gathered for t in g["forward"]),
               "per_rank": [statistics.fmean(g["steps"]) for g in gathered], "layers": gathered[0]["layers"],
-              "idle_cost": idle_cost(*([[t for g in gathered for t in g[side][i]]
-                                         for i in range(len(gathered[0][side]))]
-                                        for side in ("before_idle", "after_idle"))),
+              "idle_cost": idle_cost(pooled("before_idle"), pooled("after_idle")),
               "meets": gathered[0]["meetings"],  # how often the ranks met at their scheme's collectives
               "meeting_excess": meeting_excess([g.get("between", []) for g in gathered])}
     if slowed is not None:

@@ -5,6 +5,7 @@ workers compute when they share this machine's cores; measure_scheme_compute run
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -308,22 +309,21 @@ def _time_after_idle(executor, step: int) -> tuple[list[list[float]], list[list[
     collective is not idle (its own threads reduce), and syncsim charges it no idle cost."""
     import torch.distributed as dist
 
+    steps = itertools.count(step + 1)  # the steps after the back-to-back phase's last
+
+    def timed_step() -> float:  # the executor's next step, its seconds (the gap before it not counted)
+        t0 = time.perf_counter()
+        executor.run_step(next(steps))
+        return time.perf_counter() - t0
+
     dist.barrier()
     before_idle, after_idle = [], []
     for gap in IDLE_GAPS:
         before, after = [], []
         for _ in range(IDLE_STEPS):
-            for _ in range(REFERENCE_STEPS):
-                step += 1
-                t0 = time.perf_counter()
-                executor.run_step(step)
-                reference = time.perf_counter() - t0
-            before.append(reference)
-            step += 1
+            before.append([timed_step() for _ in range(REFERENCE_STEPS)][-1])
             time.sleep(gap)
-            t0 = time.perf_counter()
-            executor.run_step(step)
-            after.append(time.perf_counter() - t0)
+            after.append(timed_step())
         before_idle.append(before)
         after_idle.append(after)
     return before_idle, after_idle

@@ -88,7 +88,7 @@ def baseline_repeats(frame: pd.DataFrame) -> list[BaselineRepeats]:
     rows = frame[is_baseline(frame["scheme"], frame["world"], frame["slow"])]
     found = []
     for model, runs in rows.groupby("model", sort=False):
-        measured, probed = runs["measured_step_time"].dropna(), recorded(runs, "compute_time")
+        measured, probed = recorded(runs, "measured_step_time"), recorded(runs, "compute_time")
         if len(measured) >= 2 and len(probed) >= 2:
             found.append(BaselineRepeats(str(model), len(measured), Span(float(measured.min()), float(measured.max())),
                                          Span(float(probed.min()), float(probed.max()))))

@@ -116,13 +116,17 @@ def judgeable(frame: pd.DataFrame, steadiness, default_keys: set | None, key: tu
     return None
 
 
+def _repeats(frame: pd.DataFrame) -> list:
+    """Each model's speedup baseline over its repeats that did not fail (real.validation.frame.baseline_repeats;
+    none in a table without measured step times)."""
+    from real.validation.frame import baseline_repeats  # frame imports this module
+
+    return baseline_repeats(frame[~failed(frame)])
+
+
 def _moved(frame: pd.DataFrame) -> str | None:
     """Why the grid's own repeats say the machine moved while it ran (REPEAT_SPREAD), or None."""
-    from real.validation.frame import baseline_repeats
-
-    if "measured_step_time" not in frame:
-        return None
-    for repeats in baseline_repeats(frame[~failed(frame)]):
+    for repeats in _repeats(frame):
         if repeats.measured.apart > REPEAT_SPREAD:
             return (f"the machine moved during the grid: {repeats.model}'s one-worker baseline, run "
                     f"{repeats.runs} times, measured {repeats.measured.low * 1e3:.2f}-"
@@ -180,11 +184,7 @@ def verdict_lines(frame: pd.DataFrame, steadiness, default_keys: set | None = No
 
 def _repeats_held(frame: pd.DataFrame) -> str:
     """The verdict head's clause on the baselines' repeats (how far apart the widest lay), or ''."""
-    from real.validation.frame import baseline_repeats
-
-    if "measured_step_time" not in frame:
-        return ""
-    repeats = baseline_repeats(frame)
+    repeats = _repeats(frame)
     if not repeats:
         return ""
     return f", and its baselines' repeats lay within {max(r.measured.apart for r in repeats):.0%} of each other"
