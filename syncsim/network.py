@@ -63,6 +63,16 @@ would push two asynchronous workers a bucket's time further apart (on the
 testbed at 50 Mbit/s, 2.4 ms) and settle them into taking turns sooner than
 the real pair does (docs/log.md, "A push while the server replies"). b_s = 0
 (the default, and every link without a bucket) changes nothing.
+
+A link that ``tracks_backlog`` also keeps the area under its backlog: the
+bytes its flows' senders have sent, each at the link's ``cap`` (its own
+rate) from when it started (its bucketful at once), less those the link has
+passed. Senders faster together than the link fill its queue; a transfer the
+other way, whose acknowledgements wait in that queue, reads how long the
+queue was while it ran (``backlog_area``; Link.backlog_wait, syncsim.server).
+Both are linear between events, the senders' bytes with a kink where a
+sender has sent all, so the area is exact. Such a link takes the weighted
+path (per-flow bytes left), as it needs each flow's progress.
 """
 
 from __future__ import annotations
@@ -94,13 +104,15 @@ class _Flow:
     done: simpy.Event
     rate: float = 0.0    # bytes/second it receives now
     head: float = 0.0    # bytes of its sender's own bucket still ahead of the others' (served first)
+    start: float = 0.0   # when it started (its sender's first byte)
+    bucket: float = 0.0  # bytes its sender's bucket let through as it started (its first head)
 
 
 class SharedLink:
     def __init__(self, env: simpy.Environment, bandwidth: float, cap: float = math.inf, name: str = "link",
                  burst: float = 0.0, refill: float | None = None, newcomer_weight: float = 1.0,
                  sharing_spread: float = 0.0, rng: np.random.Generator | None = None,
-                 sender_burst: float = 0.0) -> None:
+                 sender_burst: float = 0.0, tracks_backlog: bool = False) -> None:
         if not bandwidth > 0:
             raise ValueError(f"SharedLink {name!r}: bandwidth must be > 0, got {bandwidth!r}")
         if not 0 < newcomer_weight < math.inf:
@@ -124,7 +136,10 @@ class SharedLink:
         self.sharing_spread = float(sharing_spread)
         self._rng = rng
         self.sender_burst = float(sender_burst)
-        self._weighted = newcomer_weight != 1.0 or sharing_spread > 0 or sender_burst > 0  # else exact equal sharing
+        self.tracks_backlog = bool(tracks_backlog)
+        self._backlog_area = 0.0     # byte-seconds of senders' bytes not yet passed, up to _updated
+        # else exact equal sharing, by virtual time (no per-flow progress)
+        self._weighted = newcomer_weight != 1.0 or sharing_spread > 0 or sender_burst > 0 or self.tracks_backlog
         self._flow_spread = sharing_spread / math.sqrt(2.0)  # each flow's: a pair's log-ratio then has sigma
         self.tokens = self.burst     # bytes the bucket holds (full at the start)
         self._idle_since = 0.0       # when the link last became idle
@@ -152,6 +167,13 @@ class SharedLink:
         if self._busy_from is None:
             return self._busy
         return self._busy + self.env.now - self._busy_from
+
+    def backlog_area(self) -> float:
+        """Byte-seconds the link's backlog has held since the run began (0 unless it ``tracks_backlog``):
+        over an interval, its mean backlog in bytes times the interval's length."""
+        if self.tracks_backlog and self._flows:
+            self._serve(self.env.now)
+        return self._backlog_area
 
     def rate(self, flows: int) -> float:
         """Bytes/second each of ``flows`` equally shared active flows receives: min(cap, B/n)."""
@@ -213,7 +235,8 @@ class SharedLink:
             self._serve(now)
             weight = math.exp(self._flow_spread * self._rng.standard_normal()) if self._flow_spread else 1.0
             head = min(self.sender_burst, nbytes) if flows else 0.0  # an idle link's own bucket passed it
-            self._newest = flow = _Flow(left=nbytes, size=nbytes, weight=weight, done=done, head=head)
+            self._newest = flow = _Flow(left=nbytes, size=nbytes, weight=weight, done=done, head=head, start=now,
+                                        bucket=head)
             flows.append(flow)
             self._share()
             n = len(flows)
@@ -229,6 +252,8 @@ class SharedLink:
     def _serve(self, now: float) -> None:
         """A weighted link's flows served at their rates since the last update."""
         elapsed = now - self._updated
+        if self.tracks_backlog and elapsed > 0:
+            self._backlog_area += sum(_backlog_area(flow, self._updated, now, self.cap) for flow in self._flows)
         for flow in self._flows:
             flow.left -= elapsed * flow.rate
             if flow.head > 0:
@@ -297,6 +322,26 @@ class SharedLink:
         if self._busy_from is not None:
             self._busy += now - self._busy_from
             self._busy_from = None
+
+
+def _backlog_area(flow: _Flow, a: float, b: float, cap: float) -> float:
+    """Byte-seconds of ``flow``'s bytes sent but not yet passed over [a, b], its rate constant there: its
+    sender sent its bucketful as it started and the rest at ``cap`` (all at once if unlimited); the link
+    had passed size - left at a and passes ``rate`` more each second."""
+    span = b - a
+    passed = span * (flow.size - flow.left) + flow.rate * span * span / 2
+    if math.isinf(cap):
+        return span * flow.size - passed
+
+    def sent(u: float) -> float:
+        return min(flow.size, flow.bucket + cap * (u - flow.start))
+
+    full = flow.start + (flow.size - flow.bucket) / cap  # when its sender has sent all
+    if full <= a:
+        return span * flow.size - passed
+    if full >= b:
+        return span * (sent(a) + sent(b)) / 2 - passed
+    return (full - a) * (sent(a) + flow.size) / 2 + (b - full) * flow.size - passed
 
 
 def _spent(amount: float, flow: _Flow, now: float) -> bool:

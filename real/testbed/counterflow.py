@@ -3,18 +3,22 @@ takes while k transfers come in (pushes), and one transfer in while k go out, on
 with no model in the traffic.
 
 Host 0 is the server, host 1 the peer whose transfer is timed, hosts 2.. the others. In each trial the
-k others start their transfer at one instant (each a single message of the size, as a run's workers push
-once a step) and the timed transfer LEAD seconds later; the trial waits for all of them. A TCP flow's
+k others start their transfers at one instant, or ``stagger`` seconds apart (the j-th at j x stagger: a
+run's pushes do not coincide), each a single message of the size, as a run's workers push once a step;
+the timed transfer starts LEAD seconds after the first; the trial waits for all of them. A TCP flow's
 acknowledgements travel the other way, through the shaper that the other direction's data fills: on the
 testbed they queue behind it (Zhang, Shenker and Clark, SIGCOMM 1991, "Observations on the dynamics of
 a congestion control algorithm: the effects of two-way traffic"), so a transfer slows with the flows
 coming the other way, which syncsim's server model does not price beyond one crossing push
-(Link.crossing_stretch). ``python -m real.testbed.counterflow`` (as root) prints, per rate and size, each
-direction's mean time with 0 to ``--others`` flows the other way and its stretch over none.
+(Link.crossing_stretch); a reply's, by the queue of pushes it waits behind (Link.backlog_wait).
+``python -m real.testbed.counterflow`` (as root) prints, per rate, size and stagger, each direction's mean
+time with 0 to ``--others`` flows the other way and its stretch over none, and the reply's stretches as
+syncsim prices them with the testbed's backlog_wait.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
@@ -22,11 +26,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Crossing", "measure", "main", "LEAD", "DIRECTIONS"]
+__all__ = ["Crossing", "measure", "predicted_reply", "main", "LEAD", "DIRECTIONS", "TESTBED_BACKLOG_WAIT"]
 
 LEAD = 1e-3  # seconds the timed transfer starts after the others: they have entered the shapers
 DIRECTIONS = ("reply", "push")  # the timed transfer leaves the server (its reply) or enters it (a push)
 MAX_OTHERS = 6
+# Link.backlog_wait that syncsim prices these trials' replies with: a reply's extra time is the mean queueing
+# delay of the pushes' bytes over it, fraction 1 (the fluid queue's own figure, no fit). On 2026-12-07 over
+# 66 conditions (0-3 pushes at 50 Mbit/s-1 Gbit/s, two sizes, started together or 2-20 ms apart) it priced
+# the stretch within a median 5.7 %, max 43.9 %, the misses beyond 10 % 16 short and 6 long (docs/log.md,
+# "2026-12-07, late: a reply waits out the pushes' queue"). The validation study does not price it.
+TESTBED_BACKLOG_WAIT = 1.0
+MAX_STAGGER = 1.0  # seconds between starts: beyond, the flows no longer cross at any rate the studies use
 
 
 @dataclass(frozen=True)
@@ -37,24 +48,73 @@ class Crossing:
     rate: str
     size: int
     times: dict[str, list[list[float]]]
+    stagger: float = 0.0
 
     def stretches(self, direction: str) -> list[float]:
         """The mean time with k flows the other way over the mean with none, for k = 0, 1, ..."""
         lone = statistics.fmean(self.times[direction][0])
         return [statistics.fmean(t) / lone for t in self.times[direction]]
 
-    def line(self, direction: str) -> str:
+    def predicted(self, backlog_wait: float) -> list[float]:
+        """The reply's stretches as syncsim's server prices them with ``backlog_wait`` (Link.backlog_wait),
+        for k = 0, 1, ... pushes coming in as the trials started them."""
+        from syncsim.units import parse_bandwidth
+
+        rate = parse_bandwidth(self.rate, "rate")
+        return [predicted_reply(rate, self.size, k, self.stagger, backlog_wait) / (self.size / rate)
+                for k in range(len(self.times["reply"]))]
+
+    def line(self, direction: str, backlog_wait: float | None = None) -> str:
+        """One direction's timings and stretches; for the reply, with ``backlog_wait``, the simulator's too."""
         means = [statistics.fmean(t) * 1e3 for t in self.times[direction]]
         other = "pushes coming in" if direction == "reply" else "replies going out"
-        return (f"{self.rate}, {self.size:,} B: a {direction} with 0-{len(means) - 1} {other} took "
+        started = f" started {self.stagger * 1e3:g} ms apart" if self.stagger else ""
+        text = (f"{self.rate}, {self.size:,} B: a {direction} with 0-{len(means) - 1} {other}{started} took "
                 f"{' / '.join(f'{m:.1f}' for m in means)} ms (means of {len(self.times[direction][0])}), "
                 f"stretch {' / '.join(f'{s:.2f}' for s in self.stretches(direction))}")
+        if direction == "reply" and backlog_wait is not None:
+            text += (f"; syncsim (Link.backlog_wait {backlog_wait:g}) "
+                     f"{' / '.join(f'{s:.2f}' for s in self.predicted(backlog_wait))}")
+        return text
+
+
+def predicted_reply(rate: float, size: int, pushes: int, stagger: float, backlog_wait: float) -> float:
+    """Seconds syncsim's parameter server (syncsim.server) takes for a reply of ``size`` bytes at ``rate``
+    bytes/s that starts LEAD after the first of ``pushes`` pushes of that size, ``stagger`` apart, each sent
+    at the rate by its own worker: the trial, priced with Link.backlog_wait ``backlog_wait`` and no
+    bucket (the transfers are 40-1,700 times the testbed's)."""
+    import simpy
+
+    from syncsim import Cluster, Link
+    from syncsim.recorder import Recorder
+    from syncsim.server import ServerGroup
+
+    link = Link(bandwidth=rate, backlog_wait=backlog_wait)
+    cluster = Cluster(nodes=pushes + 1, gpus_per_node=1, inter=link, servers=1, server_link=link)
+    env = simpy.Environment()
+    server = ServerGroup(env, cluster, Recorder(), state=None)
+    took = []
+
+    def push(at: float):
+        yield env.timeout(at)
+        yield server.push(size)
+
+    def reply():
+        yield env.timeout(LEAD)
+        yield server.pull(size)
+        took.append(env.now - LEAD)
+
+    for j in range(pushes):
+        env.process(push(j * stagger))
+    env.process(reply())
+    env.run()
+    return took[0]
 
 
 def measure(rate: str, size: int, others: int = 3, repeats: int = 10, prefix: str = "sstbcf",
-            folder: Path | None = None) -> Crossing:
-    """The trials at ``rate`` with messages of ``size`` bytes and up to ``others`` flows the other way, on a
-    testbed of others + 2 hosts built for them and torn down after."""
+            folder: Path | None = None, stagger: float = 0.0) -> Crossing:
+    """The trials at ``rate`` with messages of ``size`` bytes and up to ``others`` flows the other way, started
+    ``stagger`` seconds apart, on a testbed of others + 2 hosts built for them and torn down after."""
     import tempfile
 
     from real.testbed.launcher import torchrun_on
@@ -64,14 +124,15 @@ def measure(rate: str, size: int, others: int = 3, repeats: int = 10, prefix: st
         folder = Path(scratch) if folder is None else folder
         out = folder / "counterflow.json"
         with Testbed(hosts=others + 2, bandwidth=rate, prefix=prefix) as bed:
-            codes = torchrun_on(bed, "real.testbed.counterflow", ["_rank", str(out), str(size), str(repeats)],
+            codes = torchrun_on(bed, "real.testbed.counterflow",
+                                ["_rank", str(out), str(size), str(repeats), repr(stagger)],
                                 folder / "logs", timeout=900, agent=False)
         if any(codes):
             raise RuntimeError(f"counterflow at {rate} failed (node exit codes {codes}); logs in {folder / 'logs'}")
-        return Crossing(rate, size, json.loads(out.read_text()))
+        return Crossing(rate, size, json.loads(out.read_text()), stagger)
 
 
-def _rank(out: str, size: int, repeats: int) -> None:
+def _rank(out: str, size: int, repeats: int, stagger: float) -> None:
     """One rank of the trials (the module's docstring); rank 0 writes every timing."""
     import torch
     import torch.distributed as dist
@@ -87,7 +148,7 @@ def _rank(out: str, size: int, repeats: int) -> None:
             crossing = list(range(2, 2 + k))
             times = []
             for trial in range(repeats + 1):  # the first is a warm-up (connections, buffers)
-                took = _trial(direction, crossing, message, rank)
+                took = _trial(direction, crossing, message, rank, stagger)
                 if trial:
                     times.append(took)
             gathered = [None] * world
@@ -98,29 +159,29 @@ def _rank(out: str, size: int, repeats: int) -> None:
     dist.destroy_process_group()
 
 
-def _trial(direction: str, crossing: list[int], message, rank: int) -> float:
-    """One trial: the timed transfer between hosts 0 and 1 LEAD after the ``crossing`` hosts' transfers the
-    other way; the seconds it took as the rank that saw it end measured it (NaN on the others). Every
-    namespace reads one CLOCK_MONOTONIC (time.perf_counter), so instants compare."""
+def _trial(direction: str, crossing: list[int], message, rank: int, stagger: float = 0.0) -> float:
+    """One trial: the timed transfer between hosts 0 and 1 LEAD after the first of the ``crossing`` hosts'
+    transfers the other way, which start ``stagger`` seconds apart; the seconds it took as the rank that saw
+    it end measured it (NaN on the others). Every namespace reads one CLOCK_MONOTONIC (time.perf_counter),
+    so instants compare."""
     import torch
     import torch.distributed as dist
 
     dist.barrier()
     start = torch.tensor([time.perf_counter() + 0.02], dtype=torch.float64)
     dist.broadcast(start, 0)  # one instant for all
-    begin = float(start) + LEAD
-    _until(float(start))
+    first = float(start)
+    begin = first + LEAD
+    starts = {peer: first + j * stagger for j, peer in enumerate(crossing)}  # each crossing flow's instant
+    _until(first)
     took = float("nan")
     if rank == 0:
-        if direction == "reply":  # pushes in from the crossing hosts, the reply out to host 1
+        if direction == "reply":  # pushes in from the crossing hosts (each sends at its instant), the reply out
             works = [dist.irecv(message.clone(), peer) for peer in crossing]
             _until(begin)
             works.append(dist.isend(message, 1))
-        else:  # replies out to the crossing hosts, a push in from host 1
-            works = [dist.isend(message, peer) for peer in crossing]
-            received = dist.irecv(message.clone(), 1)
-            received.wait()
-            took = time.perf_counter() - begin
+        else:  # replies out to the crossing hosts at their instants, a push in from host 1
+            works, took = _send_while_receiving(message, starts, begin)
         for work in works:
             work.wait()
     elif rank == 1:
@@ -131,9 +192,36 @@ def _trial(direction: str, crossing: list[int], message, rank: int) -> float:
         else:
             dist.send(message, 0)
     elif rank in crossing:
-        (dist.send if direction == "reply" else dist.recv)(message, 0)
+        if direction == "reply":
+            _until(starts[rank])
+            dist.send(message, 0)
+        else:
+            dist.recv(message, 0)
     dist.barrier()
     return took
+
+
+def _send_while_receiving(message, starts: dict[int, float], begin: float) -> tuple[list, float]:
+    """Rank 0's side of a push trial: each reply sent at its instant while the timed push comes in; the sends
+    and the push's seconds from ``begin``. A thread waits for the push (gloo completes a receive only in its
+    wait, so polling would never see it end; the wait releases the GIL) while this one keeps the replies'
+    instants."""
+    import threading
+
+    import torch.distributed as dist
+
+    due = sorted(starts.items(), key=lambda item: item[1])
+    # the replies that start with the first go out before the push is awaited, as with no stagger at all
+    works = [dist.isend(message, peer) for peer, instant in due if instant == due[0][1]]
+    received = dist.irecv(message.clone(), 1)
+    ended: list[float] = []
+    waiter = threading.Thread(target=lambda: (received.wait(), ended.append(time.perf_counter())))
+    waiter.start()
+    for peer, instant in due[len(works):]:
+        _until(instant)
+        works.append(dist.isend(message, peer))
+    waiter.join()
+    return works, ended[0] - begin
 
 
 def _until(deadline: float) -> None:
@@ -144,11 +232,11 @@ def _until(deadline: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     from real.testbed.namespaces import shapable_rates
     from syncsim.arguments import ArgumentParser, check_count, integer
-    from syncsim.units import parse_size
+    from syncsim.units import parse_size, parse_time
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_rank":  # one rank of the trials, in a testbed host
-        _rank(argv[1], int(argv[2]), int(argv[3]))
+        _rank(argv[1], int(argv[2]), int(argv[3]), float(argv[4]))
         return 0
     ap = ArgumentParser(prog="python -m real.testbed.counterflow", description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="50Mbit/s,200Mbit/s,1Gbit/s", help="comma-separated link rates")
@@ -158,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--others", type=integer, default=3,
                     help=f"most flows the other way, 1 to {MAX_OTHERS} (the testbed's hosts: this + 2)")
     ap.add_argument("--repeats", type=integer, default=10, help="trials per condition, 1 to 1,000")
+    ap.add_argument("--stagger", default="0",
+                    help=f"comma-separated times between the starts of the flows the other way, each 0 to "
+                         f"{MAX_STAGGER * 1e3:g} ms (default 0: together), e.g. 0,5ms,10ms")
     args = ap.parse_args(argv)
     try:
         rates = shapable_rates(args.rates, "--rates")
@@ -168,13 +259,18 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--sizes must be at least 4 bytes each, got {min(sizes)}")
         check_count("--others", args.others, 1, MAX_OTHERS)
         check_count("--repeats", args.repeats, 1, 1000)
+        staggers = [float(parse_time(t.strip(), "--stagger")) for t in args.stagger.split(",") if t.strip()]
+        if not staggers:
+            raise ValueError("--stagger must name at least one time")
+        outside = [t for t in staggers if not 0 <= t <= MAX_STAGGER]
+        if outside:
+            raise ValueError(f"--stagger times must each be 0 to {MAX_STAGGER * 1e3:g} ms, got {outside[0] * 1e3:g} ms")
     except ValueError as err:
         ap.error(str(err))
-    for rate in rates:
-        for size in sizes:
-            crossing = measure(rate, size, args.others, args.repeats)
-            for direction in DIRECTIONS:
-                print(f"real.testbed.counterflow: {crossing.line(direction)}", flush=True)
+    for rate, size, stagger in itertools.product(rates, sizes, staggers):
+        crossing = measure(rate, size, args.others, args.repeats, stagger=stagger)
+        for direction in DIRECTIONS:
+            print(f"real.testbed.counterflow: {crossing.line(direction, TESTBED_BACKLOG_WAIT)}", flush=True)
     return 0
 
 

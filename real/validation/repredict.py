@@ -16,6 +16,10 @@ server's workers sharing them with whoever computes when each compute starts
 (real.validation.calibration.shared_host, syncsim.host); a study older than that spread's record gives
 no spread, and its rows compute together after a collective as before.
 
+``--backlog-wait W`` is a diagnostic too: every parameter server's link makes a reply wait W times the mean
+queueing delay of the pushes coming in while it leaves (syncsim's Link.backlog_wait; on the testbed W = 1
+prices the replies of python -m real.testbed.counterflow within a median 5.7 %; the study does not use it).
+
 ``--compute drawn`` is a diagnostic instead: each row's compute is drawn at random from its own run's
 compute phases rather than from the probe's distribution (real.validation.prediction.predict_drawn), and
 ``--compute drawn-untailed`` does the same with the phases' tail cut off; a row whose run communicates
@@ -24,6 +28,7 @@ nothing or whose trace has no compute phase keeps its recorded prediction.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -43,14 +48,15 @@ def _settings(frame: pd.DataFrame, configs: list[Config], out: Path) -> Settings
                     prefix="sstb", run_timeout=300.0, loss_steps=0, precisions=sent_precisions(configs))
 
 
-def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe",
-              host: bool = False) -> tuple[pd.DataFrame, dict[str, int]]:
+def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe", host: bool = False,
+              backlog_wait: float = 0.0) -> tuple[pd.DataFrame, dict[str, int]]:
     """``frame`` (a study's validation.csv under ``out``) with each measured row's prediction redone from
     the cached calibration; and how many rows were re-predicted, kept and not cached (each of those two
     keeps its recorded prediction). With ``compute`` one of prediction.DRAWN, a diagnostic: each row's
     compute is drawn from its run's own compute phases (prediction.predict_drawn), and a row whose run
     communicates nothing or whose trace has no compute phase is kept. With ``host``, a diagnostic: each
-    row's cluster is a shared host (calibration.shared_host)."""
+    row's cluster is a shared host (calibration.shared_host). With ``backlog_wait``, a diagnostic: each server
+    link's Link.backlog_wait."""
     from real.calibration.cache import NotCached, offline
     from real.validation.calibration import calibrate, shared_host
     from real.validation.evaluation import compared
@@ -84,6 +90,9 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe",
         except NotCached:
             counts["not cached"] += 1
             continue
+        if backlog_wait and cluster.servers:
+            cluster = dataclasses.replace(cluster, server_link=dataclasses.replace(cluster.server_net,
+                                                                                 backlog_wait=backlog_wait))
         if compute == "probe":
             prediction = predict(simulate(cluster, calibration.workload, scheme, steps=steps, seed=0))
         else:
@@ -102,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from real.validation.prediction import DRAWN
     from real.validation.summary import summary_lines
     from syncsim.arguments import ArgumentParser
+    from syncsim.cluster import MAX_BACKLOG_WAIT
 
     ap = ArgumentParser(prog="python -m real.validation.repredict", description=__doc__.splitlines()[0])
     ap.add_argument("out", help="a finished study's folder (its validation.csv and calibration/)")
@@ -113,13 +123,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="a diagnostic: each row's ranks share this machine's cores, leaving each collective as far "
                          "apart as the row's own timed collectives let them go; a parameter server's workers "
                          "sharing them as each compute starts (syncsim.host)")
+    ap.add_argument("--backlog-wait", type=float, default=0.0, metavar="W",
+                    help="a diagnostic: a parameter server's reply waits W times the mean queueing delay of the "
+                         f"pushes coming in (Link.backlog_wait, 0 to {MAX_BACKLOG_WAIT:g}; the study's: 0)")
     args = ap.parse_args(argv)
+    if not 0 <= args.backlog_wait <= MAX_BACKLOG_WAIT:  # NaN fails too
+        ap.error(f"--backlog-wait must be 0 to {MAX_BACKLOG_WAIT:g}, got {args.backlog_wait:g}")
     out = Path(args.out)
     if not (out / "validation.csv").is_file():
         ap.error(f"out: {out / 'validation.csv'} does not exist (run python -m studies.validation --out {out})")
-    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out, args.compute, args.host)
+    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out, args.compute, args.host, args.backlog_wait)
     written = out / ("repredicted" + ("" if args.compute == "probe" else f"-{args.compute}")
-                     + ("-host" if args.host else "") + ".csv")
+                     + ("-host" if args.host else "")
+                     + (f"-backlog{args.backlog_wait:g}" if args.backlog_wait else "") + ".csv")
     frame.to_csv(written, index=False)
     print(f"re-predicted {counts['repredicted']} rows from {out / 'calibration'}; {counts['kept']} kept their "
           f"recorded prediction (with --compute drawn: their run has no compute phase of its own), "
@@ -128,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
           f"their recorded prediction too")
     if args.host:
         why = "a diagnostic that gives each row's ranks one shared host, not the study's prediction"
+    elif args.backlog_wait:
+        why = "a diagnostic that makes each server's replies wait out the pushes' queue, not the study's prediction"
     elif args.compute != "probe":
         why = "a diagnostic that gives each row its run's own compute, not a prediction"
     else:

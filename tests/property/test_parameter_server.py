@@ -268,3 +268,76 @@ def test_pushes_take_the_crossing_stretches_in_their_measured_order(sample, seed
     env.run()
     rotations = [[sample[(first + i) % len(sample)] - 1 for i in range(3)] for first in range(len(sample))]
     assert any(np.allclose(holds, rotation, rtol=1e-9, atol=1e-12) for rotation in rotations), (holds, sample)
+
+
+def _reply_after_pushes(n, bandwidth, wait, starts, reply=None):
+    """When a reply of ``reply`` bytes (n by default), started at 0 on one server of link rate ``bandwidth``
+    and Link.backlog_wait ``wait``, ends while pushes of n bytes start at ``starts``, each sent at that rate
+    by its worker."""
+    import simpy
+
+    from syncsim.recorder import Recorder
+    from syncsim.server import ServerGroup
+
+    link = Link(bandwidth, backlog_wait=wait)
+    cluster = Cluster.homogeneous(max(1, len(starts)), link, servers=1, server_link=link)
+    env = simpy.Environment()
+    group = ServerGroup(env, cluster, Recorder(), state=None)
+    ended = []
+
+    def push(at):
+        yield env.timeout(at)
+        yield group.push(n)
+
+    def answer():
+        yield group.pull(n if reply is None else reply)
+        ended.append(env.now)
+
+    for at in starts:
+        env.process(push(at))
+    env.process(answer())
+    env.run()
+    return ended[0]
+
+
+# Basis: Link.backlog_wait's definition and a fluid queue. p pushes of n bytes start with the reply, each
+# sent at B by its worker into the server's link of rate B: the bytes queued to come in grow at (p - 1)·B
+# until the senders are done at T = n/B, so their queueing delay grows as (p - 1)·t and its mean over the
+# reply's own T is (p - 1)·T/2. The reply ends at T + w·(p - 1)·T/2: one push (a sender no faster than the
+# link) queues nothing, and w = 0 is the independent directions of before.
+@given(st.integers(1, 6), st.floats(1e4, 1e8), st.floats(1e6, 1e10), st.floats(0.0, 3.0))
+def test_a_reply_waits_its_share_of_the_queue_of_pushes_started_with_it(p, n, bandwidth, wait):
+    lone = n / bandwidth
+    assert _reply_after_pushes(n, bandwidth, wait, [0.0] * p) == pytest.approx(lone + wait * (p - 1) * lone / 2,
+                                                                              rel=1e-9)
+
+
+# Basis: the same fluid queue with two pushes started d apart (d < T = n/B): nothing queues until the
+# second starts; from d to T both senders send 2B into B, so the queue's delay grows as t - d, reaching
+# T - d as the first sender is done, and stays there while the second sends alone. Over the reply's
+# [0, T] the delay's mean is (T - d)^2 / (2T): the later the second push, the less the reply waits
+# (real.testbed.counterflow's staggered trials show the same).
+@given(st.floats(1e4, 1e8), st.floats(1e6, 1e10), st.floats(0.1, 3.0), st.floats(0.0, 1.0))
+def test_a_reply_waits_less_the_later_the_second_push_starts(n, bandwidth, wait, lag):
+    lone = n / bandwidth
+    d = lag * lone
+    expected = lone + wait * (lone - d) ** 2 / (2 * lone)
+    assert _reply_after_pushes(n, bandwidth, wait, [0.0, d]) == pytest.approx(expected, rel=1e-9)
+
+
+# Basis: the same fluid queue, the reply twice the pushes' size. p >= 2 pushes started with it queue (p - 1)·n
+# by T = n/B, their senders then done; the link drains it at B, so the delay falls from (p - 1)·T to
+# (p - 2)·T by the reply's 2T (no event in between: the pushes end at p·T). Its mean over [0, 2T] is
+# ((p - 1)·T^2/2 + (p - 1)·T^2 - T^2/2) / 2T = (3p - 4)·T/4: the queue's area across the senders' end.
+@given(st.integers(2, 6), st.floats(1e4, 1e8), st.floats(1e6, 1e10), st.floats(0.1, 3.0))
+def test_a_reply_longer_than_the_pushes_waits_out_the_queue_they_leave(p, n, bandwidth, wait):
+    lone = n / bandwidth
+    expected = 2 * lone + wait * (3 * p - 4) * lone / 4
+    assert _reply_after_pushes(n, bandwidth, wait, [0.0] * p, reply=2 * n) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_backlog_wait_is_a_fraction_from_0_to_10():
+    assert Link(1e9, backlog_wait=1).backlog_wait == 1.0
+    for bad in (-0.1, 10.5, float("nan")):
+        with pytest.raises(ValueError, match="Link.backlog_wait"):
+            Link(1e9, backlog_wait=bad)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from real.testbed.counterflow import Crossing, main, measure
+from real.testbed.counterflow import LEAD, Crossing, main, measure, predicted_reply
 
 
 def test_the_stretch_is_each_condition_s_mean_over_the_mean_with_none_the_other_way():
@@ -17,6 +17,27 @@ def test_the_stretch_is_each_condition_s_mean_over_the_mean_with_none_the_other_
     assert "a push with 0-2 replies going out" in crossing.line("push")
 
 
+# Basis: syncsim's price of the trial (Link.backlog_wait, a fluid queue). Two pushes of n bytes start at 0,
+# each sent at the link's rate B, the reply LEAD = L later: the queue's delay grows as t until the senders
+# are done at T = n/B, then falls as 2T - t. Over the reply's [L, L + T] its mean is (T^2/2 + L·T - L^2)/T,
+# so with backlog_wait 1 the reply stretches 1.5 + L/T - (L/T)^2 times; one push (a sender no faster than
+# the link) or none queues nothing. Started T apart, the pushes never queue.
+def test_the_simulator_prices_the_trial_s_reply_by_the_queue_of_pushes_it_waits_behind():
+    rate, size = 125e6, 1_724_320
+    lone = size / rate
+    together = Crossing("1Gbit/s", size, {"reply": [[lone]] * 3, "push": [[lone]] * 3})
+    x = LEAD / lone
+    assert together.predicted(1.0) == pytest.approx([1.0, 1.0, 1.5 + x - x * x], rel=1e-9)
+    assert together.predicted(0.0) == pytest.approx([1.0, 1.0, 1.0], rel=1e-9)
+    assert predicted_reply(rate, size, 2, lone, 1.0) == pytest.approx(lone, rel=1e-9)
+    staggered = Crossing("1Gbit/s", size, together.times, stagger=5e-3)
+    assert staggered.line("reply", 1.0).startswith("1Gbit/s, 1,724,320 B: a reply with 0-2 pushes coming in "
+                                                   "started 5 ms apart took 13.8 / 13.8 / 13.8 ms")
+    priced = f"; syncsim (Link.backlog_wait 1) 1.00 / 1.00 / {staggered.predicted(1.0)[2]:.2f}"
+    assert staggered.line("reply", 1.0).endswith(priced)
+    assert "syncsim" not in staggered.line("push", 1.0)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--others", "0"], "--others must be between 1 and 6, got 0"),
     (["--others", "7"], "--others must be between 1 and 6, got 7"),
@@ -25,6 +46,8 @@ def test_the_stretch_is_each_condition_s_mean_over_the_mean_with_none_the_other_
     (["--rates", "0"], "--rates '0': TestbedConfig.bandwidth must be at least 1kbit/s"),
     (["--sizes", "2"], "--sizes must be at least 4 bytes each, got 2"),
     (["--sizes", ","], "--rates and --sizes must each name at least one value"),
+    (["--stagger", "2s"], "--stagger times must each be 0 to 1000 ms, got 2000 ms"),
+    (["--stagger", ","], "--stagger must name at least one time"),
 ])
 def test_the_command_refuses_bad_input_naming_the_option(argv, message, capsys):
     with pytest.raises(SystemExit):

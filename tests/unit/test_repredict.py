@@ -3,6 +3,7 @@ with nothing measured."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -64,8 +65,10 @@ def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(m
     # re-predicted too, from the timings the study kept of them; one whose calibration is not cached is
     # counted, not measured, and keeps its recorded prediction.
     steps = 24
+    # the server's link favours the older of two flows, so the asynchronous workers take turns and a reply
+    # meets the other's push (what Link.backlog_wait prices)
     cluster = Cluster.homogeneous(gpus=2, link=Link("50Mbit/s", "100us"), servers=1,
-                                  server_link=Link("50Mbit/s", "100us"), name="testbed")
+                                  server_link=Link("50Mbit/s", "100us", newcomer_weight=0.5), name="testbed")
     workload = Workload(param_bytes=4e5, compute_time=2e-3, batch_size=32, name="mlp")
     async_ps = Config("ps:mode=async", 2, "50Mbit/s", "mlp")
     ring = Config("allreduce", 2, "50Mbit/s", "mlp")
@@ -117,6 +120,14 @@ def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(m
     drawn = predict_drawn(cluster, workload, as_run_on_gloo(async_ps.scheme), trace, steps, 2).steady
     assert got.loc[0, "predicted_step_time"] == pytest.approx(drawn.step_time, rel=1e-12)
     assert drawn.step_time != pytest.approx(want.step_time, rel=1e-3)
+    # The other diagnostic: every server link's replies wait out the pushes' queue (Link.backlog_wait); a
+    # row without a server is predicted as before.
+    got, counts = repredict(frame, tmp_path, backlog_wait=1.0)
+    waiting = cluster.replace(server_link=dataclasses.replace(cluster.server_link, backlog_wait=1.0))
+    waited = predict(simulate(waiting, workload, as_run_on_gloo(async_ps.scheme), steps=steps, seed=0)).steady
+    assert got.loc[0, "predicted_step_time"] == pytest.approx(waited.step_time, rel=1e-12)
+    assert waited.step_time > want.step_time * 1.01  # the replies waited
+    assert got.loc[1, "predicted_step_time"] == pytest.approx(ring_want.step_time, rel=1e-12)
 
 
 def test_the_command_names_a_folder_without_a_study(tmp_path, capsys):
@@ -180,6 +191,13 @@ def test_a_runs_tail_slows_the_drawn_prediction_and_untailed_removes_it():
     assert cut.steady.step_time == pytest.approx(base, rel=1e-9)
     with pytest.raises(ValueError, match="mode must be one of drawn, drawn-untailed; got 'sorted'"):
         predict_drawn(cluster, workload, scheme, clean, steps, 1, mode="sorted")
+
+
+@pytest.mark.parametrize("wait", ["-1", "11", "nan"])
+def test_the_command_refuses_a_backlog_wait_outside_0_to_10(wait, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--backlog-wait", wait])
+    assert "--backlog-wait must be 0 to 10" in capsys.readouterr().err
 
 
 def test_repredict_names_its_compute_choices(tmp_path):
