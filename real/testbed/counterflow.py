@@ -2,15 +2,16 @@
 takes while k transfers come in (pushes), and one transfer in while k go out, on the testbed's shapers,
 with no model in the traffic.
 
-Host 0 is the server, host 1 the peer whose transfer is timed, hosts 2.. the others. In each trial the
+Host 0 is the server, host 1 the peer whose transfer is timed (hosts 1..n with ``--timed n``: n replies
+or pushes timed together, until all are in), the hosts after them the others. In each trial the
 k others start their transfers at one instant, or ``stagger`` seconds apart (the j-th at j x stagger: a
 run's pushes do not coincide), each a single message of the size, as a run's workers push once a step;
 the timed transfer starts LEAD seconds after the first; the trial waits for all of them. A TCP flow's
 acknowledgements travel the other way, through the shaper that the other direction's data fills: on the
 testbed they queue behind it (Zhang, Shenker and Clark, SIGCOMM 1991, "Observations on the dynamics of
 a congestion control algorithm: the effects of two-way traffic"), so a transfer slows with the flows
-coming the other way, which syncsim's server model does not price beyond one crossing push
-(Link.crossing_stretch); a reply's, by the queue of pushes it waits behind (Link.backlog_wait).
+coming the other way: syncsim prices a push's by one crossing reply (Link.crossing_stretch), a reply's,
+if asked, by the queue of pushes it waits behind (Link.backlog_wait).
 ``python -m real.testbed.counterflow`` (as root) prints, per rate, size and stagger, each direction's mean
 time with 0 to ``--others`` flows the other way and its stretch over none, and the reply's stretches as
 syncsim prices them with the testbed's backlog_wait.
@@ -30,7 +31,9 @@ __all__ = ["Crossing", "measure", "predicted_reply", "main", "LEAD", "DIRECTIONS
 
 LEAD = 1e-3  # seconds the timed transfer starts after the others: they have entered the shapers
 DIRECTIONS = ("reply", "push")  # the timed transfer leaves the server (its reply) or enters it (a push)
+PLURAL = {"reply": "replies", "push": "pushes"}
 MAX_OTHERS = 6
+MAX_TIMED = 3
 # Link.backlog_wait that syncsim prices these trials' replies with: a reply's extra time is the mean queueing
 # delay of the pushes' bytes over it, fraction 1 (the fluid queue's own figure, no fit). On 2026-12-07 over
 # 66 conditions (0-3 pushes at 50 Mbit/s-1 Gbit/s, two sizes, started together or 2-20 ms apart) it priced
@@ -49,6 +52,7 @@ class Crossing:
     size: int
     times: dict[str, list[list[float]]]
     stagger: float = 0.0
+    timed: int = 1  # transfers timed together (replies to, or pushes from, hosts 1..timed): until all are in
 
     def stretches(self, direction: str) -> list[float]:
         """The mean time with k flows the other way over the mean with none, for k = 0, 1, ..."""
@@ -61,7 +65,8 @@ class Crossing:
         from syncsim.units import parse_bandwidth
 
         rate = parse_bandwidth(self.rate, "rate")
-        return [predicted_reply(rate, self.size, k, self.stagger, backlog_wait) / (self.size / rate)
+        lone = predicted_reply(rate, self.size, 0, self.stagger, backlog_wait, self.timed)
+        return [predicted_reply(rate, self.size, k, self.stagger, backlog_wait, self.timed) / lone
                 for k in range(len(self.times["reply"]))]
 
     def line(self, direction: str, backlog_wait: float | None = None) -> str:
@@ -69,7 +74,8 @@ class Crossing:
         means = [statistics.fmean(t) * 1e3 for t in self.times[direction]]
         other = "pushes coming in" if direction == "reply" else "replies going out"
         started = f" started {self.stagger * 1e3:g} ms apart" if self.stagger else ""
-        text = (f"{self.rate}, {self.size:,} B: a {direction} with 0-{len(means) - 1} {other}{started} took "
+        timed = f"{self.timed} {PLURAL[direction]} together" if self.timed > 1 else f"a {direction}"
+        text = (f"{self.rate}, {self.size:,} B: {timed} with 0-{len(means) - 1} {other}{started} took "
                 f"{' / '.join(f'{m:.1f}' for m in means)} ms (means of {len(self.times[direction][0])}), "
                 f"stretch {' / '.join(f'{s:.2f}' for s in self.stretches(direction))}")
         if direction == "reply" and backlog_wait is not None:
@@ -78,11 +84,12 @@ class Crossing:
         return text
 
 
-def predicted_reply(rate: float, size: int, pushes: int, stagger: float, backlog_wait: float) -> float:
-    """Seconds syncsim's parameter server (syncsim.server) takes for a reply of ``size`` bytes at ``rate``
-    bytes/s that starts LEAD after the first of ``pushes`` pushes of that size, ``stagger`` apart, each sent
-    at the rate by its own worker: the trial, priced with Link.backlog_wait ``backlog_wait`` and no
-    bucket (the transfers are 40-1,700 times the testbed's)."""
+def predicted_reply(rate: float, size: int, pushes: int, stagger: float, backlog_wait: float,
+                    replies: int = 1) -> float:
+    """Seconds syncsim's parameter server (syncsim.server) takes for ``replies`` replies of ``size`` bytes at
+    ``rate`` bytes/s, started together LEAD after the first of ``pushes`` pushes of that size, ``stagger``
+    apart, each sent at the rate by its own worker, until every reply is in: the trial, priced with
+    Link.backlog_wait ``backlog_wait`` and no bucket (the transfers are 40-1,700 times the testbed's)."""
     import simpy
 
     from syncsim import Cluster, Link
@@ -90,7 +97,7 @@ def predicted_reply(rate: float, size: int, pushes: int, stagger: float, backlog
     from syncsim.server import ServerGroup
 
     link = Link(bandwidth=rate, backlog_wait=backlog_wait)
-    cluster = Cluster(nodes=pushes + 1, gpus_per_node=1, inter=link, servers=1, server_link=link)
+    cluster = Cluster(nodes=pushes + replies, gpus_per_node=1, inter=link, servers=1, server_link=link)
     env = simpy.Environment()
     server = ServerGroup(env, cluster, Recorder(), state=None)
     took = []
@@ -106,15 +113,17 @@ def predicted_reply(rate: float, size: int, pushes: int, stagger: float, backlog
 
     for j in range(pushes):
         env.process(push(j * stagger))
-    env.process(reply())
+    for _ in range(replies):
+        env.process(reply())
     env.run()
-    return took[0]
+    return max(took)
 
 
 def measure(rate: str, size: int, others: int = 3, repeats: int = 10, prefix: str = "sstbcf",
-            folder: Path | None = None, stagger: float = 0.0) -> Crossing:
-    """The trials at ``rate`` with messages of ``size`` bytes and up to ``others`` flows the other way, started
-    ``stagger`` seconds apart, on a testbed of others + 2 hosts built for them and torn down after."""
+            folder: Path | None = None, stagger: float = 0.0, timed: int = 1) -> Crossing:
+    """The trials at ``rate`` with messages of ``size`` bytes, ``timed`` transfers timed together and up to
+    ``others`` flows the other way, started ``stagger`` seconds apart, on a testbed of others + timed + 1
+    hosts built for them and torn down after."""
     import tempfile
 
     from real.testbed.launcher import torchrun_on
@@ -123,16 +132,16 @@ def measure(rate: str, size: int, others: int = 3, repeats: int = 10, prefix: st
     with tempfile.TemporaryDirectory(prefix="counterflow-") as scratch:
         folder = Path(scratch) if folder is None else folder
         out = folder / "counterflow.json"
-        with Testbed(hosts=others + 2, bandwidth=rate, prefix=prefix) as bed:
+        with Testbed(hosts=others + timed + 1, bandwidth=rate, prefix=prefix) as bed:
             codes = torchrun_on(bed, "real.testbed.counterflow",
-                                ["_rank", str(out), str(size), str(repeats), repr(stagger)],
+                                ["_rank", str(out), str(size), str(repeats), repr(stagger), str(timed)],
                                 folder / "logs", timeout=900, agent=False)
         if any(codes):
             raise RuntimeError(f"counterflow at {rate} failed (node exit codes {codes}); logs in {folder / 'logs'}")
-        return Crossing(rate, size, json.loads(out.read_text()), stagger)
+        return Crossing(rate, size, json.loads(out.read_text()), stagger, timed)
 
 
-def _rank(out: str, size: int, repeats: int, stagger: float) -> None:
+def _rank(out: str, size: int, repeats: int, stagger: float, timed: int = 1) -> None:
     """One rank of the trials (the module's docstring); rank 0 writes every timing."""
     import torch
     import torch.distributed as dist
@@ -143,27 +152,31 @@ def _rank(out: str, size: int, repeats: int, stagger: float) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     message = torch.zeros(max(1, size // 4))
     timings: dict[str, list[list[float]]] = {direction: [] for direction in DIRECTIONS}
+    peers = list(range(1, 1 + timed))  # the hosts the timed transfers go to or come from
     for direction in DIRECTIONS:
-        for k in range(world - 1):
-            crossing = list(range(2, 2 + k))
+        for k in range(world - timed):
+            crossing = list(range(1 + timed, 1 + timed + k))
             times = []
             for trial in range(repeats + 1):  # the first is a warm-up (connections, buffers)
-                took = _trial(direction, crossing, message, rank, stagger)
+                took = _trial(direction, crossing, message, rank, stagger, peers)
                 if trial:
                     times.append(took)
             gathered = [None] * world
             dist.all_gather_object(gathered, times)
-            timings[direction].append(gathered[1] if direction == "reply" else gathered[0])
+            # a reply's end is seen by its receiver, a push's by the server: until every timed one is in
+            timings[direction].append([max(trial) for trial in zip(*(gathered[r] for r in peers))]
+                                      if direction == "reply" else gathered[0])
     if rank == 0:
         write_atomic(Path(out), json.dumps(timings))
     dist.destroy_process_group()
 
 
-def _trial(direction: str, crossing: list[int], message, rank: int, stagger: float = 0.0) -> float:
-    """One trial: the timed transfer between hosts 0 and 1 LEAD after the first of the ``crossing`` hosts'
-    transfers the other way, which start ``stagger`` seconds apart; the seconds it took as the rank that saw
-    it end measured it (NaN on the others). Every namespace reads one CLOCK_MONOTONIC (time.perf_counter),
-    so instants compare."""
+def _trial(direction: str, crossing: list[int], message, rank: int, stagger: float = 0.0,
+           peers: list[int] | None = None) -> float:
+    """One trial: the timed transfers between host 0 and each of ``peers`` (host 1 alone by default), LEAD
+    after the first of the ``crossing`` hosts' transfers the other way, which start ``stagger`` seconds
+    apart; the seconds they took as the rank that saw them end measured it (NaN on the others). Every
+    namespace reads one CLOCK_MONOTONIC (time.perf_counter), so instants compare."""
     import torch
     import torch.distributed as dist
 
@@ -173,18 +186,19 @@ def _trial(direction: str, crossing: list[int], message, rank: int, stagger: flo
     first = float(start)
     begin = first + LEAD
     starts = {peer: first + j * stagger for j, peer in enumerate(crossing)}  # each crossing flow's instant
+    peers = [1] if peers is None else peers
     _until(first)
     took = float("nan")
     if rank == 0:
         if direction == "reply":  # pushes in from the crossing hosts (each sends at its instant), the reply out
             works = [dist.irecv(message.clone(), peer) for peer in crossing]
             _until(begin)
-            works.append(dist.isend(message, 1))
-        else:  # replies out to the crossing hosts at their instants, a push in from host 1
-            works, took = _send_while_receiving(message, starts, begin)
+            works += [dist.isend(message, peer) for peer in peers]
+        else:  # replies out to the crossing hosts at their instants, the pushes in from the peers
+            works, took = _send_while_receiving(message, starts, begin, peers)
         for work in works:
             work.wait()
-    elif rank == 1:
+    elif rank in peers:
         _until(begin)
         if direction == "reply":
             dist.recv(message, 0)
@@ -201,11 +215,11 @@ def _trial(direction: str, crossing: list[int], message, rank: int, stagger: flo
     return took
 
 
-def _send_while_receiving(message, starts: dict[int, float], begin: float) -> tuple[list, float]:
-    """Rank 0's side of a push trial: each reply sent at its instant while the timed push comes in; the sends
-    and the push's seconds from ``begin``. A thread waits for the push (gloo completes a receive only in its
-    wait, so polling would never see it end; the wait releases the GIL) while this one keeps the replies'
-    instants."""
+def _send_while_receiving(message, starts: dict[int, float], begin: float, peers: list[int]) -> tuple[list, float]:
+    """Rank 0's side of a push trial: each reply sent at its instant while the timed pushes come in from the
+    ``peers``; the sends and the seconds from ``begin`` until every push is in. A thread waits for them
+    (gloo completes a receive only in its wait, so polling would never see it end; the wait releases the
+    GIL) while this one keeps the replies' instants."""
     import threading
 
     import torch.distributed as dist
@@ -213,9 +227,9 @@ def _send_while_receiving(message, starts: dict[int, float], begin: float) -> tu
     due = sorted(starts.items(), key=lambda item: item[1])
     # the replies that start with the first go out before the push is awaited, as with no stagger at all
     works = [dist.isend(message, peer) for peer, instant in due if instant == due[0][1]]
-    received = dist.irecv(message.clone(), 1)
+    received = [dist.irecv(message.clone(), peer) for peer in peers]
     ended: list[float] = []
-    waiter = threading.Thread(target=lambda: (received.wait(), ended.append(time.perf_counter())))
+    waiter = threading.Thread(target=lambda: ([r.wait() for r in received], ended.append(time.perf_counter())))
     waiter.start()
     for peer, instant in due[len(works):]:
         _until(instant)
@@ -236,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_rank":  # one rank of the trials, in a testbed host
-        _rank(argv[1], int(argv[2]), int(argv[3]), float(argv[4]))
+        _rank(argv[1], int(argv[2]), int(argv[3]), float(argv[4]), int(argv[5]))
         return 0
     ap = ArgumentParser(prog="python -m real.testbed.counterflow", description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="50Mbit/s,200Mbit/s,1Gbit/s", help="comma-separated link rates")
@@ -246,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--others", type=integer, default=3,
                     help=f"most flows the other way, 1 to {MAX_OTHERS} (the testbed's hosts: this + 2)")
     ap.add_argument("--repeats", type=integer, default=10, help="trials per condition, 1 to 1,000")
+    ap.add_argument("--timed", type=integer, default=1,
+                    help=f"transfers timed together, 1 to {MAX_TIMED} (replies to, or pushes from, that many "
+                         f"hosts: until every one is in)")
     ap.add_argument("--stagger", default="0",
                     help=f"comma-separated times between the starts of the flows the other way, each 0 to "
                          f"{MAX_STAGGER * 1e3:g} ms (default 0: together), e.g. 0,5ms,10ms")
@@ -259,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--sizes must be at least 4 bytes each, got {min(sizes)}")
         check_count("--others", args.others, 1, MAX_OTHERS)
         check_count("--repeats", args.repeats, 1, 1000)
+        check_count("--timed", args.timed, 1, MAX_TIMED)
         staggers = [float(parse_time(t.strip(), "--stagger")) for t in args.stagger.split(",") if t.strip()]
         if not staggers:
             raise ValueError("--stagger must name at least one time")
@@ -268,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         ap.error(str(err))
     for rate, size, stagger in itertools.product(rates, sizes, staggers):
-        crossing = measure(rate, size, args.others, args.repeats, stagger=stagger)
+        crossing = measure(rate, size, args.others, args.repeats, stagger=stagger, timed=args.timed)
         for direction in DIRECTIONS:
             print(f"real.testbed.counterflow: {crossing.line(direction, TESTBED_BACKLOG_WAIT)}", flush=True)
     return 0

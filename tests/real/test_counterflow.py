@@ -38,6 +38,20 @@ def test_the_simulator_prices_the_trial_s_reply_by_the_queue_of_pushes_it_waits_
     assert "syncsim" not in staggered.line("push", 1.0)
 
 
+# Basis: the same queue, two replies timed together (until both are in). They share the outgoing link and
+# leave over [L, L + 2T]; the queue's delay is t up to T and 2T - t after, so its mean over them is
+# (2T^2 - L^2) / 4T and the pair, each held that long, stretches 1.25 - (L/T)^2 / 8 times over the pair
+# alone: the hold is latency, which the second reply does not add to.
+def test_two_replies_timed_together_are_priced_by_the_queue_over_both():
+    rate, size = 125e6, 1_724_320
+    lone = size / rate
+    pair = Crossing("1Gbit/s", size, {"reply": [[2 * lone]] * 3, "push": [[2 * lone]] * 3}, timed=2)
+    x = LEAD / lone
+    assert pair.predicted(1.0) == pytest.approx([1.0, 1.0, 1.25 - x * x / 8], rel=1e-9)
+    assert pair.line("reply").startswith("1Gbit/s, 1,724,320 B: 2 replies together with 0-2 pushes coming in took")
+    assert pair.line("push").startswith("1Gbit/s, 1,724,320 B: 2 pushes together with 0-2 replies going out took")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--others", "0"], "--others must be between 1 and 6, got 0"),
     (["--others", "7"], "--others must be between 1 and 6, got 7"),
@@ -48,6 +62,7 @@ def test_the_simulator_prices_the_trial_s_reply_by_the_queue_of_pushes_it_waits_
     (["--sizes", ","], "--rates and --sizes must each name at least one value"),
     (["--stagger", "2s"], "--stagger times must each be 0 to 1000 ms, got 2000 ms"),
     (["--stagger", ","], "--stagger must name at least one time"),
+    (["--timed", "0"], "--timed must be between 1 and 3, got 0"),
 ])
 def test_the_command_refuses_bad_input_naming_the_option(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -65,3 +80,14 @@ def test_a_transfer_with_nothing_the_other_way_takes_the_shaper_s_time_for_its_b
     for direction in ("reply", "push"):
         assert [len(times) for times in crossing.times[direction]] == [2, 2, 2]
         assert all(12e-3 < t < 20e-3 for t in crossing.times[direction][0])
+
+
+@pytest.mark.testbed
+def test_two_transfers_timed_together_take_the_shaper_s_time_for_both():
+    # Basis: as above, two 400 kB messages through one 200 Mbit/s shaper (the server's, out or in) take
+    # about (800 - 25) kB / 25 MB/s = 31 ms: each direction's pair alone within 27-40 ms, timed until both
+    # are in (a single one would take half).
+    crossing = measure("200Mbit/s", 400_000, others=1, repeats=2, prefix="sstbcft", timed=2)
+    for direction in ("reply", "push"):
+        assert [len(times) for times in crossing.times[direction]] == [2, 2]
+        assert all(27e-3 < t < 40e-3 for t in crossing.times[direction][0])
