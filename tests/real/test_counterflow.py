@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from real.testbed.counterflow import LEAD, Crossing, main, measure, predicted_reply
@@ -75,11 +77,12 @@ def test_a_transfer_with_nothing_the_other_way_takes_the_shaper_s_time_for_its_b
     # Basis: a tbf shaper passes one bucket at once and the rest at its rate, so a 400 kB message at
     # 200 Mbit/s (25 MB/s, a 25 kB bucket) takes about (400 - 25) kB / 25 MB/s = 15 ms plus TCP's and gloo's
     # own few hundred microseconds: each direction alone within 12-20 ms. One list per number of flows the
-    # other way (0-2), one timing per trial.
-    crossing = measure("200Mbit/s", 400_000, others=2, repeats=2, prefix="sstbcft")
+    # other way (0-2), one timing per trial; the median of three, since one trial in a full suite on this
+    # machine's two cores can meet one of its stalls (docs/real.md, "The machine's own steadiness").
+    crossing = measure("200Mbit/s", 400_000, others=2, repeats=3, prefix="sstbcft")
     for direction in ("reply", "push"):
-        assert [len(times) for times in crossing.times[direction]] == [2, 2, 2]
-        assert all(12e-3 < t < 20e-3 for t in crossing.times[direction][0])
+        assert [len(times) for times in crossing.times[direction]] == [3, 3, 3]
+        assert 12e-3 < statistics.median(crossing.times[direction][0]) < 20e-3
 
 
 @pytest.mark.testbed
@@ -87,7 +90,7 @@ def test_two_transfers_timed_together_take_the_shaper_s_time_for_both():
     # Basis: as above, two 400 kB messages through one 200 Mbit/s shaper (the server's, out or in) take
     # about (800 - 25) kB / 25 MB/s = 31 ms: each direction's pair alone within 27-40 ms, timed until both
     # are in (a single one would take half).
-    crossing = measure("200Mbit/s", 400_000, others=1, repeats=2, prefix="sstbcft", timed=2)
+    crossing = measure("200Mbit/s", 400_000, others=1, repeats=3, prefix="sstbcft", timed=2)
     for direction in ("reply", "push"):
-        assert [len(times) for times in crossing.times[direction]] == [2, 2]
-        assert all(27e-3 < t < 40e-3 for t in crossing.times[direction][0])
+        assert [len(times) for times in crossing.times[direction]] == [3, 3]
+        assert 27e-3 < statistics.median(crossing.times[direction][0]) < 40e-3
