@@ -65,9 +65,9 @@ class Crossing:
         from syncsim.units import parse_bandwidth
 
         rate = parse_bandwidth(self.rate, "rate")
-        lone = predicted_reply(rate, self.size, 0, self.stagger, backlog_wait, self.timed)
-        return [predicted_reply(rate, self.size, k, self.stagger, backlog_wait, self.timed) / lone
+        took = [predicted_reply(rate, self.size, k, self.stagger, backlog_wait, self.timed)
                 for k in range(len(self.times["reply"]))]
+        return [t / took[0] for t in took]
 
     def line(self, direction: str, backlog_wait: float | None = None) -> str:
         """One direction's timings and stretches; for the reply, with ``backlog_wait``, the simulator's too."""
@@ -141,7 +141,7 @@ def measure(rate: str, size: int, others: int = 3, repeats: int = 10, prefix: st
         return Crossing(rate, size, json.loads(out.read_text()), stagger, timed)
 
 
-def _rank(out: str, size: int, repeats: int, stagger: float, timed: int = 1) -> None:
+def _rank(out: str, size: int, repeats: int, stagger: float, timed: int) -> None:
     """One rank of the trials (the module's docstring); rank 0 writes every timing."""
     import torch
     import torch.distributed as dist
@@ -171,9 +171,8 @@ def _rank(out: str, size: int, repeats: int, stagger: float, timed: int = 1) -> 
     dist.destroy_process_group()
 
 
-def _trial(direction: str, crossing: list[int], message, rank: int, stagger: float = 0.0,
-           peers: list[int] | None = None) -> float:
-    """One trial: the timed transfers between host 0 and each of ``peers`` (host 1 alone by default), LEAD
+def _trial(direction: str, crossing: list[int], message, rank: int, stagger: float, peers: list[int]) -> float:
+    """One trial: the timed transfers between host 0 and each of ``peers`` (hosts 1, 2, ...), LEAD
     after the first of the ``crossing`` hosts' transfers the other way, which start ``stagger`` seconds
     apart; the seconds they took as the rank that saw them end measured it (NaN on the others). Every
     namespace reads one CLOCK_MONOTONIC (time.perf_counter), so instants compare."""
@@ -186,7 +185,6 @@ def _trial(direction: str, crossing: list[int], message, rank: int, stagger: flo
     first = float(start)
     begin = first + LEAD
     starts = {peer: first + j * stagger for j, peer in enumerate(crossing)}  # each crossing flow's instant
-    peers = [1] if peers is None else peers
     _until(first)
     took = float("nan")
     if rank == 0:

@@ -91,8 +91,7 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe", host: bool
             counts["not cached"] += 1
             continue
         if backlog_wait and cluster.servers:
-            cluster = dataclasses.replace(cluster, server_link=dataclasses.replace(cluster.server_net,
-                                                                                 backlog_wait=backlog_wait))
+            cluster = cluster.replace(server_link=dataclasses.replace(cluster.server_net, backlog_wait=backlog_wait))
         if compute == "probe":
             prediction = predict(simulate(cluster, calibration.workload, scheme, steps=steps, seed=0))
         else:
