@@ -46,7 +46,6 @@ __all__ = ["Link", "Cluster", "CLUSTER_PRESETS", "CLUSTER_NOTES", "DEFAULT_CHUNK
 # variable documentation): the unit in which one phase of a collective hands
 # data to the next, hence the pipeline granularity of multi-phase collectives.
 DEFAULT_CHUNK_BYTES = 4 * 2**20
-MAX_BACKLOG_WAIT = 10.0  # Link.backlog_wait: beyond, a reply would wait ten times the queue it crosses
 
 
 @dataclass(frozen=True)
@@ -86,18 +85,16 @@ class Link:
     transfer; the testbed's sharing probe samples the factors with two peers taking turns at a host
     (real.calibration.sharing_probe). Empty (the default): the two directions are independent, as on
     a full-duplex link whose acknowledgements never queue behind data."""
-    backlog_wait: float = 0.0
-    """How much of the queueing delay of the bytes waiting to come in through the link (their senders
-    sent them faster than it passes them) a transfer out of the link's host waits out, as a fraction of
-    that delay's mean over the transfer (the parameter servers' NICs: a reply to a pull while pushes
-    converge on the server). A TCP flow's acknowledgements cross the other direction's queue (Zhang,
-    Shenker and Clark, SIGCOMM 1991, "Observations on the dynamics of a congestion control algorithm:
-    the effects of two-way traffic"), so a reply slows while that queue is long; the senders' bytes in it
-    are their flows' sent bytes (at each sender's own rate, the link's cap) less those the link has
-    passed (syncsim.server). On the testbed 1.0 priced replies timed with 0-3 pushes coming in, started
-    together or staggered, at 50 Mbit/s-1 Gbit/s within a median 5.7 % (real.testbed.counterflow). 0 (the
-    default): a reply does not wait, as on a credit-based fabric (InfiniBand, RoCE with PFC) whose queues
-    stay short."""
+    window: float | str = 0.0
+    """Bytes a TCP flow through the link keeps in flight at most (its sender's congestion window; or
+    "256KiB"), for the parameter servers' NICs: each push holds at most a window queued at the server's
+    incoming link, and a reply, whose acknowledgements wait in that queue, sends at most a window per
+    queueing delay (Jacobson, SIGCOMM 1988, the acknowledgement clock; syncsim.network; the round trip
+    outside the queue is left out, so a window does not cap a flow on its own). A reply crossing k pushes
+    whose windows fill the queue then gets B/k, as each push does, and two replies together twice that,
+    as the testbed measured (real.testbed.counterflow); real.testbed.window reads a flow's bytes in
+    flight. 0 (the default): no window, as on a credit-based fabric (InfiniBand, RoCE with PFC) whose
+    queues stay short."""
 
     def __post_init__(self) -> None:
         bandwidth = parse_bandwidth(self.bandwidth, "Link.bandwidth")
@@ -120,8 +117,8 @@ class Link:
                              f"got {self.crossing_stretch!r}")
         stretch = tuple(check_float("Link", "crossing_stretch", factor, low=1.0) for factor in self.crossing_stretch)
         object.__setattr__(self, "crossing_stretch", stretch)
-        object.__setattr__(self, "backlog_wait", check_float("Link", "backlog_wait", self.backlog_wait, low=0.0,
-                                                             high=MAX_BACKLOG_WAIT))
+        window = parse_size(self.window, "Link.window")
+        object.__setattr__(self, "window", check_float("Link", "window", window, low=0.0))
 
     @property
     def refill_rate(self) -> float:

@@ -64,15 +64,9 @@ testbed at 50 Mbit/s, 2.4 ms) and settle them into taking turns sooner than
 the real pair does (docs/log.md, "A push while the server replies"). b_s = 0
 (the default, and every link without a bucket) changes nothing.
 
-A link that ``tracks_backlog`` also keeps the area under its backlog: the
-bytes its flows' senders have sent, each at the link's ``cap`` (its own
-rate) from when it started (its bucketful at once), less those the link has
-passed. Senders faster together than the link fill its queue; a transfer the
-other way, whose acknowledgements wait in that queue, reads how long the
-queue was while it ran (``backlog_area``; Link.backlog_wait, syncsim.server).
-Both are linear between events, the senders' bytes with a kink where a
-sender has sent all, so the area is exact. Such a link takes the weighted
-path (per-flow bytes left), as it needs each flow's progress.
+Windows (``window``, ``acks_via``): a flow whose acknowledgements wait in
+another link's queue sends at most its window per queueing delay
+(syncsim.window).
 """
 
 from __future__ import annotations
@@ -83,6 +77,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import simpy
+
+from syncsim.window import queued, window_cap
 
 if TYPE_CHECKING:
     import numpy as np
@@ -112,20 +108,9 @@ class SharedLink:
     def __init__(self, env: simpy.Environment, bandwidth: float, cap: float = math.inf, name: str = "link",
                  burst: float = 0.0, refill: float | None = None, newcomer_weight: float = 1.0,
                  sharing_spread: float = 0.0, rng: np.random.Generator | None = None,
-                 sender_burst: float = 0.0, tracks_backlog: bool = False) -> None:
-        if not bandwidth > 0:
-            raise ValueError(f"SharedLink {name!r}: bandwidth must be > 0, got {bandwidth!r}")
-        if not 0 < newcomer_weight < math.inf:
-            raise ValueError(f"SharedLink {name!r}: newcomer_weight must be a finite number > 0, "
-                             f"got {newcomer_weight!r}")
-        if not 0 <= sharing_spread < math.inf:
-            raise ValueError(f"SharedLink {name!r}: sharing_spread must be a finite number >= 0, "
-                             f"got {sharing_spread!r}")
-        if not 0 <= sender_burst < math.inf:
-            raise ValueError(f"SharedLink {name!r}: sender_burst must be a finite number of bytes >= 0, "
-                             f"got {sender_burst!r}")
-        if sharing_spread and rng is None:
-            raise ValueError(f"SharedLink {name!r}: a sharing_spread needs an rng (numpy Generator) to draw from")
+                 sender_burst: float = 0.0, window: float = 0.0,
+                 acks_via: SharedLink | None = None) -> None:
+        _check(name, bandwidth, newcomer_weight, sharing_spread, sender_burst, rng, window, acks_via)
         self.env = env
         self.bandwidth = float(bandwidth)
         self.cap = float(cap)
@@ -136,10 +121,15 @@ class SharedLink:
         self.sharing_spread = float(sharing_spread)
         self._rng = rng
         self.sender_burst = float(sender_burst)
-        self.tracks_backlog = bool(tracks_backlog)
-        self._backlog_area = 0.0     # byte-seconds of senders' bytes not yet passed, up to _updated
+        self.window = float(window)  # bytes each flow keeps in flight at most (0: no window)
+        self.acks_via = acks_via     # the link its flows' acknowledgements wait in (window-capped), or None
+        self._watchers: list[SharedLink] = []  # links whose flows' acknowledgements wait in this one
+        self._ack_horizon = math.inf  # seconds from the last share until its window cap is to be re-read
+        if acks_via is not None:
+            acks_via._watchers.append(self)
         # else exact equal sharing, by virtual time (no per-flow progress)
-        self._weighted = newcomer_weight != 1.0 or sharing_spread > 0 or sender_burst > 0 or self.tracks_backlog
+        self._weighted = (newcomer_weight != 1.0 or sharing_spread > 0 or sender_burst > 0
+                          or self.window > 0)
         self._flow_spread = sharing_spread / math.sqrt(2.0)  # each flow's: a pair's log-ratio then has sigma
         self.tokens = self.burst     # bytes the bucket holds (full at the start)
         self._idle_since = 0.0       # when the link last became idle
@@ -168,12 +158,9 @@ class SharedLink:
             return self._busy
         return self._busy + self.env.now - self._busy_from
 
-    def backlog_area(self) -> float:
-        """Byte-seconds the link's backlog has held since the run began (0 unless it ``tracks_backlog``):
-        over an interval, its mean backlog in bytes times the interval's length."""
-        if self.tracks_backlog and self._flows:
-            self._serve(self.env.now)
-        return self._backlog_area
+    def queued(self) -> float:
+        """Bytes queued at the link now, each flow's at most its ``window`` (0 without one; syncsim.window)."""
+        return queued(self)
 
     def rate(self, flows: int) -> float:
         """Bytes/second each of ``flows`` equally shared active flows receives: min(cap, B/n)."""
@@ -184,7 +171,9 @@ class SharedLink:
         w0), each at most ``cap``, what a capped flow leaves going to the rest (weighted max-min fairness
         by progressive filling: the heaviest flows reach the cap first, and once the heaviest flow left
         is under it, every lighter one is too)."""
-        flows, newest, cap = self._flows, self._newest, self.cap
+        flows, newest = self._flows, self._newest
+        ack_cap, self._ack_horizon = window_cap(self)
+        cap = min(self.cap, ack_cap)
         weights = [f.weight * (self.newcomer_weight if f is newest else 1.0) for f in flows]
         if any(f.head > 0 for f in flows):  # senders' buckets queued ahead: served first, at the link's rate
             total = sum(w for f, w in zip(flows, weights) if f.head > 0)
@@ -241,6 +230,7 @@ class SharedLink:
             self._share()
             n = len(flows)
             rearm = True
+            self._notify(now)
         if n > self.peak_flows:
             self.peak_flows = n
         # A new flow moves the next completion earlier only if it finishes first; otherwise the pending
@@ -252,8 +242,6 @@ class SharedLink:
     def _serve(self, now: float) -> None:
         """A weighted link's flows served at their rates since the last update."""
         elapsed = now - self._updated
-        if self.tracks_backlog and elapsed > 0:
-            self._backlog_area += sum(_backlog_area(flow, self._updated, now, self.cap) for flow in self._flows)
         for flow in self._flows:
             flow.left -= elapsed * flow.rate
             if flow.head > 0:
@@ -267,6 +255,8 @@ class SharedLink:
             # a flow waiting behind senders' buckets (rate 0) moves at no instant of its own
             delay = min((flow.head if flow.head > 0 else flow.left) / flow.rate
                         for flow in self._flows if flow.rate > 0)
+            if self.acks_via is not None:  # re-read the window's cap as the other link's queue moves
+                delay = min(delay, self._ack_horizon)
         else:
             delay = (self._heap[0][0] - self._virtual) / self._rate
         self._wake_gen += 1
@@ -291,6 +281,8 @@ class SharedLink:
                 self._arm(now)
             else:
                 self._went_idle(now)
+            if finished:
+                self._notify(now)
             for flow in finished:
                 _resume_now(flow.done)
             return
@@ -317,6 +309,14 @@ class SharedLink:
             _resume_now(done)
 
 
+    def _notify(self, now: float) -> None:
+        """This link's queue has changed: the links whose acknowledgements wait in it re-read their cap."""
+        for link in self._watchers:
+            if link._flows:
+                link._serve(now)
+                link._share()
+                link._arm(now)
+
     def _went_idle(self, now: float) -> None:
         self._idle_since = now
         if self._busy_from is not None:
@@ -324,24 +324,27 @@ class SharedLink:
             self._busy_from = None
 
 
-def _backlog_area(flow: _Flow, a: float, b: float, cap: float) -> float:
-    """Byte-seconds of ``flow``'s bytes sent but not yet passed over [a, b], its rate constant there: its
-    sender sent its bucketful as it started and the rest at ``cap`` (all at once if unlimited); the link
-    had passed size - left at a and passes ``rate`` more each second."""
-    span = b - a
-    passed = span * (flow.size - flow.left) + flow.rate * span * span / 2
-    if math.isinf(cap):
-        return span * flow.size - passed
-
-    def sent(u: float) -> float:
-        return min(flow.size, flow.bucket + cap * (u - flow.start))
-
-    full = flow.start + (flow.size - flow.bucket) / cap  # when its sender has sent all
-    if full <= a:
-        return span * flow.size - passed
-    if full >= b:
-        return span * (sent(a) + sent(b)) / 2 - passed
-    return (full - a) * (sent(a) + flow.size) / 2 + (b - full) * flow.size - passed
+def _check(name: str, bandwidth: float, newcomer_weight: float, sharing_spread: float, sender_burst: float,
+           rng: object, window: float, acks_via: SharedLink | None) -> None:
+    """A SharedLink's arguments, each refused with its name, value and what is allowed."""
+    if not bandwidth > 0:
+        raise ValueError(f"SharedLink {name!r}: bandwidth must be > 0, got {bandwidth!r}")
+    if not 0 < newcomer_weight < math.inf:
+        raise ValueError(f"SharedLink {name!r}: newcomer_weight must be a finite number > 0, "
+                         f"got {newcomer_weight!r}")
+    if not 0 <= sharing_spread < math.inf:
+        raise ValueError(f"SharedLink {name!r}: sharing_spread must be a finite number >= 0, "
+                         f"got {sharing_spread!r}")
+    if not 0 <= sender_burst < math.inf:
+        raise ValueError(f"SharedLink {name!r}: sender_burst must be a finite number of bytes >= 0, "
+                         f"got {sender_burst!r}")
+    if not 0 <= window < math.inf:
+        raise ValueError(f"SharedLink {name!r}: window must be a finite number of bytes >= 0, got {window!r}")
+    if acks_via is not None and not window:
+        raise ValueError(f"SharedLink {name!r}: acks_via caps each flow at its window over the queue its "
+                         f"acknowledgements wait in, so it needs a window > 0")
+    if sharing_spread and rng is None:
+        raise ValueError(f"SharedLink {name!r}: a sharing_spread needs an rng (numpy Generator) to draw from")
 
 
 def _spent(amount: float, flow: _Flow, now: float) -> bool:

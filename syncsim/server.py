@@ -11,9 +11,9 @@ NIC is shared equally by the flows it receives (or, with a ``newcomer_weight`` o
 ``sharing_spread``, unequally: see syncsim.network; where the workers' own links
 have a bucket, a push arriving at a busy server NIC has its first bucketful
 served first: SharedLink's ``sender_burst``; and with a ``crossing_stretch``, a push that comes in
-while the server sends is held for the sample's next factor of that overlap; with a ``backlog_wait``, a
-reply to a pull waits that fraction of the mean queueing delay of the pushes' bytes queued to come in while
-it ran, its acknowledgements waiting behind them). For p simultaneous
+while the server sends is held for the sample's next factor of that overlap; with a ``window``, a push
+holds at most that many bytes queued at the server's incoming link and a reply, its acknowledgements
+waiting behind them, sends at most a window per queueing delay: SharedLink's ``acks_via``). For p simultaneous
 pushes one push therefore takes
 alpha + max(n/B_worker, p·n/(k·B_server)): the parameter server's bottleneck.
 
@@ -57,14 +57,14 @@ class ServerGroup:
         # once, ahead of what the other pushes send after it (syncsim.network, sender_burst)
         own = cluster.inter or cluster.intra
         sender_burst = float(own.burst) / self.k if own is not None else 0.0  # split between its k shards
-        # a reply waits out part of the queue of pushes coming in (Link.backlog_wait): the incoming link keeps
-        # its backlog's area (syncsim.network)
-        self.backlog_wait = float(net.backlog_wait)
+        # with a window (Link.window), each push holds at most that many bytes queued at the incoming link, and
+        # each reply, its acknowledgements waiting behind them, sends at most a window per round trip
+        window = float(net.window)  # type: ignore[arg-type]
         self.down = SharedLink(env, net.bandwidth, name="server-in", rng=np.random.default_rng([seed, _IN]),
-                               sender_burst=sender_burst, tracks_backlog=self.backlog_wait > 0,
+                               sender_burst=sender_burst, window=window,
                                **shaping)  # type: ignore[arg-type]
         self.up = SharedLink(env, net.bandwidth, name="server-out", rng=np.random.default_rng([seed, _OUT]),
-                             **shaping)  # type: ignore[arg-type]
+                             window=window, acks_via=self.down if window else None, **shaping)  # type: ignore[arg-type]
         # a push arriving while the server sends is held by the sample's next factor (Link.crossing_stretch): the
         # pushes take them in the order they were measured, from a start drawn from the seed, because the
         # testbed's stalls come in spells of two to four turns, which independent draws would scatter
@@ -98,21 +98,7 @@ class ServerGroup:
             yield self.env.timeout((stretch - 1.0) * crossed)
 
     def pull(self, nbytes: float) -> simpy.Event:
-        sent = self.up.transfer(nbytes / self.k)
-        if not self.backlog_wait:
-            return sent
-        return self.env.process(self._waited(sent))
-
-    def _waited(self, sent: simpy.Event):
-        """A reply, held after its bytes are through backlog_wait times the mean queueing delay of the bytes
-        waiting to come in while they went out (Link.backlog_wait)."""
-        began, area = self.env.now, self.down.backlog_area()
-        yield sent
-        span = self.env.now - began
-        if span > 0:
-            delay = (self.down.backlog_area() - area) / span / self.down.bandwidth
-            if delay > 0:
-                yield self.env.timeout(self.backlog_wait * delay)
+        return self.up.transfer(nbytes / self.k)
 
     def arrive(self, worker: int, step: int, version_read: int, aggregate: bool) -> None:
         """A worker's pushed gradient has reached the servers: apply it (or its round) and tick its clock."""

@@ -10,11 +10,11 @@ the timed transfer starts LEAD seconds after the first; the trial waits for all 
 acknowledgements travel the other way, through the shaper that the other direction's data fills: on the
 testbed they queue behind it (Zhang, Shenker and Clark, SIGCOMM 1991, "Observations on the dynamics of
 a congestion control algorithm: the effects of two-way traffic"), so a transfer slows with the flows
-coming the other way: syncsim prices a push's by one crossing reply (Link.crossing_stretch), a reply's,
-if asked, by the queue of pushes it waits behind (Link.backlog_wait).
+coming the other way: syncsim prices a push's by one crossing reply (Link.crossing_stretch), a reply's
+by its window per queueing delay of the pushes it waits behind (Link.window).
 ``python -m real.testbed.counterflow`` (as root) prints, per rate, size and stagger, each direction's mean
 time with 0 to ``--others`` flows the other way and its stretch over none, and the reply's stretches as
-syncsim prices them with the testbed's backlog_wait.
+syncsim prices them with the window read on the same testbed at that rate and size (real.testbed.window).
 """
 
 from __future__ import annotations
@@ -27,19 +27,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Crossing", "measure", "predicted_reply", "main", "LEAD", "DIRECTIONS", "TESTBED_BACKLOG_WAIT"]
+__all__ = ["Crossing", "measure", "predicted_reply", "main", "LEAD", "DIRECTIONS"]
 
 LEAD = 1e-3  # seconds the timed transfer starts after the others: they have entered the shapers
 DIRECTIONS = ("reply", "push")  # the timed transfer leaves the server (its reply) or enters it (a push)
 PLURAL = {"reply": "replies", "push": "pushes"}
 MAX_OTHERS = 6
 MAX_TIMED = 3
-# Link.backlog_wait that syncsim prices these trials' replies with: a reply's extra time is the mean queueing
-# delay of the pushes' bytes over it, fraction 1 (the fluid queue's own figure, no fit). On 2026-12-07 over
-# 66 conditions (0-3 pushes at 50 Mbit/s-1 Gbit/s, two sizes, started together or 2-20 ms apart) it priced
-# the stretch within a median 5.7 %, max 43.9 %, the misses beyond 10 % 16 short and 6 long (docs/log.md,
-# "2026-12-07, late: a reply waits out the pushes' queue"). The validation study does not price it.
-TESTBED_BACKLOG_WAIT = 1.0
 MAX_STAGGER = 1.0  # seconds between starts: beyond, the flows no longer cross at any rate the studies use
 
 
@@ -59,18 +53,18 @@ class Crossing:
         lone = statistics.fmean(self.times[direction][0])
         return [statistics.fmean(t) / lone for t in self.times[direction]]
 
-    def predicted(self, backlog_wait: float) -> list[float]:
-        """The reply's stretches as syncsim's server prices them with ``backlog_wait`` (Link.backlog_wait),
+    def predicted(self, window: float) -> list[float]:
+        """The reply's stretches as syncsim's server prices them with a ``window`` of bytes (Link.window),
         for k = 0, 1, ... pushes coming in as the trials started them."""
         from syncsim.units import parse_bandwidth
 
         rate = parse_bandwidth(self.rate, "rate")
-        took = [predicted_reply(rate, self.size, k, self.stagger, backlog_wait, self.timed)
+        took = [predicted_reply(rate, self.size, k, self.stagger, window, self.timed)
                 for k in range(len(self.times["reply"]))]
         return [t / took[0] for t in took]
 
-    def line(self, direction: str, backlog_wait: float | None = None) -> str:
-        """One direction's timings and stretches; for the reply, with ``backlog_wait``, the simulator's too."""
+    def line(self, direction: str, window: float | None = None) -> str:
+        """One direction's timings and stretches; for the reply, with a ``window``, the simulator's too."""
         means = [statistics.fmean(t) * 1e3 for t in self.times[direction]]
         other = "pushes coming in" if direction == "reply" else "replies going out"
         started = f" started {self.stagger * 1e3:g} ms apart" if self.stagger else ""
@@ -78,25 +72,25 @@ class Crossing:
         text = (f"{self.rate}, {self.size:,} B: {timed} with 0-{len(means) - 1} {other}{started} took "
                 f"{' / '.join(f'{m:.1f}' for m in means)} ms (means of {len(self.times[direction][0])}), "
                 f"stretch {' / '.join(f'{s:.2f}' for s in self.stretches(direction))}")
-        if direction == "reply" and backlog_wait is not None:
-            text += (f"; syncsim (Link.backlog_wait {backlog_wait:g}) "
-                     f"{' / '.join(f'{s:.2f}' for s in self.predicted(backlog_wait))}")
+        if direction == "reply" and window is not None:
+            text += (f"; syncsim (Link.window {window / 1e3:,.0f} kB) "
+                     f"{' / '.join(f'{s:.2f}' for s in self.predicted(window))}")
         return text
 
 
-def predicted_reply(rate: float, size: int, pushes: int, stagger: float, backlog_wait: float,
+def predicted_reply(rate: float, size: int, pushes: int, stagger: float, window: float,
                     replies: int = 1) -> float:
     """Seconds syncsim's parameter server (syncsim.server) takes for ``replies`` replies of ``size`` bytes at
     ``rate`` bytes/s, started together LEAD after the first of ``pushes`` pushes of that size, ``stagger``
-    apart, each sent at the rate by its own worker, until every reply is in: the trial, priced with
-    Link.backlog_wait ``backlog_wait`` and no bucket (the transfers are 40-1,700 times the testbed's)."""
+    apart, each sent at the rate by its own worker, until every reply is in: the trial, priced with a
+    Link.window of ``window`` bytes and no bucket (the transfers are 40-1,700 times the testbed's)."""
     import simpy
 
     from syncsim import Cluster, Link
     from syncsim.recorder import Recorder
     from syncsim.server import ServerGroup
 
-    link = Link(bandwidth=rate, backlog_wait=backlog_wait)
+    link = Link(bandwidth=rate, window=window)
     cluster = Cluster(nodes=pushes + replies, gpus_per_node=1, inter=link, servers=1, server_link=link)
     env = simpy.Environment()
     server = ServerGroup(env, cluster, Recorder(), state=None)
@@ -241,10 +235,32 @@ def _until(deadline: float) -> None:
         time.sleep(min(left, 0.001) if left > 0.002 else 0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parsed(args) -> tuple[list[str], list[int], list[float]]:
+    """The command's rates, sizes and staggers, each checked (ValueError naming the option), and its counts."""
     from real.testbed.namespaces import shapable_rates
-    from syncsim.arguments import ArgumentParser, check_count, integer
+    from syncsim.arguments import check_count
     from syncsim.units import parse_size, parse_time
+
+    rates = shapable_rates(args.rates, "--rates")
+    sizes = [int(parse_size(size.strip(), "--sizes")) for size in args.sizes.split(",") if size.strip()]
+    if not rates or not sizes:
+        raise ValueError("--rates and --sizes must each name at least one value")
+    if any(size < 4 for size in sizes):
+        raise ValueError(f"--sizes must be at least 4 bytes each, got {min(sizes)}")
+    check_count("--others", args.others, 1, MAX_OTHERS)
+    check_count("--repeats", args.repeats, 1, 1000)
+    check_count("--timed", args.timed, 1, MAX_TIMED)
+    staggers = [float(parse_time(t.strip(), "--stagger")) for t in args.stagger.split(",") if t.strip()]
+    if not staggers:
+        raise ValueError("--stagger must name at least one time")
+    outside = [t for t in staggers if not 0 <= t <= MAX_STAGGER]
+    if outside:
+        raise ValueError(f"--stagger times must each be 0 to {MAX_STAGGER * 1e3:g} ms, got {outside[0] * 1e3:g} ms")
+    return rates, sizes, staggers
+
+
+def main(argv: list[str] | None = None) -> int:
+    from syncsim.arguments import ArgumentParser, integer
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_rank":  # one rank of the trials, in a testbed host
@@ -266,27 +282,19 @@ def main(argv: list[str] | None = None) -> int:
                          f"{MAX_STAGGER * 1e3:g} ms (default 0: together), e.g. 0,5ms,10ms")
     args = ap.parse_args(argv)
     try:
-        rates = shapable_rates(args.rates, "--rates")
-        sizes = [int(parse_size(size.strip(), "--sizes")) for size in args.sizes.split(",") if size.strip()]
-        if not rates or not sizes:
-            raise ValueError("--rates and --sizes must each name at least one value")
-        if any(size < 4 for size in sizes):
-            raise ValueError(f"--sizes must be at least 4 bytes each, got {min(sizes)}")
-        check_count("--others", args.others, 1, MAX_OTHERS)
-        check_count("--repeats", args.repeats, 1, 1000)
-        check_count("--timed", args.timed, 1, MAX_TIMED)
-        staggers = [float(parse_time(t.strip(), "--stagger")) for t in args.stagger.split(",") if t.strip()]
-        if not staggers:
-            raise ValueError("--stagger must name at least one time")
-        outside = [t for t in staggers if not 0 <= t <= MAX_STAGGER]
-        if outside:
-            raise ValueError(f"--stagger times must each be 0 to {MAX_STAGGER * 1e3:g} ms, got {outside[0] * 1e3:g} ms")
+        rates, sizes, staggers = _parsed(args)
     except ValueError as err:
         ap.error(str(err))
+    from real.testbed.window import STUDY_REPEATS
+    from real.testbed.window import measure as measure_window
+
+    windows: dict[tuple[str, int], float] = {}
     for rate, size, stagger in itertools.product(rates, sizes, staggers):
         crossing = measure(rate, size, args.others, args.repeats, stagger=stagger, timed=args.timed)
+        if (rate, size) not in windows:  # the window syncsim prices the reply with, read on the same testbed
+            windows[rate, size] = measure_window(rate, size, 3, STUDY_REPEATS).window
         for direction in DIRECTIONS:
-            print(f"real.testbed.counterflow: {crossing.line(direction, TESTBED_BACKLOG_WAIT)}", flush=True)
+            print(f"real.testbed.counterflow: {crossing.line(direction, windows[rate, size])}", flush=True)
     return 0
 
 

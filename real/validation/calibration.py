@@ -129,18 +129,23 @@ def _server_link(config: Config, settings: Settings, folder: Path, pingpong: dic
                  message: float) -> tuple[Link, float]:
     """A server's NIC carries concurrent pushes (and pulls) of the whole gradient: how two of them split
     the shaper, measured at that size (real.calibration.sharing_probe.measure_sharing), sets its weights,
-    and pushes timed while it replies to another worker its crossing stretch; the stretches' mean beside
-    it (NaN where the probe did not run)."""
+    and pushes timed while it replies to another worker its crossing stretch; the flows' congestion window
+    at that size, read while three pushes cross a reply (real.testbed.window), its window; the stretches'
+    mean beside it (NaN where the probe did not run)."""
     from real.calibration.sharing_probe import measure_sharing
+    from real.testbed.window import measure_window
     from syncsim import Link
 
     sharing = {"weight": 1.0, "spread": 0.0, "duplex_stretch": math.nan, "duplex_stretches": []}
+    window = 0.0
     if config.servers and config.world > 1:
         sharing = measure_sharing(config.bandwidth, folder, pingpong, burst, message, settings.prefix,
                                   settings.repeats)
+        # a reply's acknowledgements wait behind the pushes coming in: it sends a window per queueing delay
+        window = measure_window(config.bandwidth, folder, message, settings.prefix)["window"]
     link = Link(bandwidth=pingpong["bandwidth"], latency=pingpong["alpha"], burst=burst,
                 newcomer_weight=sharing["weight"], sharing_spread=sharing["spread"],
-                crossing_stretch=tuple(max(1.0, s) for s in sharing["duplex_stretches"]))
+                crossing_stretch=tuple(max(1.0, s) for s in sharing["duplex_stretches"]), window=window)
     return link, sharing["duplex_stretch"]
 
 

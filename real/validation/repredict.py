@@ -16,9 +16,9 @@ server's workers sharing them with whoever computes when each compute starts
 (real.validation.calibration.shared_host, syncsim.host); a study older than that spread's record gives
 no spread, and its rows compute together after a collective as before.
 
-``--backlog-wait W`` is a diagnostic too: every parameter server's link makes a reply wait W times the mean
-queueing delay of the pushes coming in while it leaves (syncsim's Link.backlog_wait; on the testbed W = 1
-prices the replies of python -m real.testbed.counterflow within a median 5.7 %; the study does not use it).
+``--window BYTES`` is a diagnostic too: every parameter server's link takes that window instead of the one
+the study read on the testbed (syncsim's Link.window: a reply sends a window per queueing delay of the
+pushes it waits behind; 0: none, the model before the study read it).
 
 ``--compute drawn`` is a diagnostic instead: each row's compute is drawn at random from its own run's
 compute phases rather than from the probe's distribution (real.validation.prediction.predict_drawn), and
@@ -29,6 +29,7 @@ nothing or whose trace has no compute phase keeps its recorded prediction.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -49,14 +50,14 @@ def _settings(frame: pd.DataFrame, configs: list[Config], out: Path) -> Settings
 
 
 def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe", host: bool = False,
-              backlog_wait: float = 0.0) -> tuple[pd.DataFrame, dict[str, int]]:
+              window: float | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
     """``frame`` (a study's validation.csv under ``out``) with each measured row's prediction redone from
     the cached calibration; and how many rows were re-predicted, kept and not cached (each of those two
     keeps its recorded prediction). With ``compute`` one of prediction.DRAWN, a diagnostic: each row's
     compute is drawn from its run's own compute phases (prediction.predict_drawn), and a row whose run
     communicates nothing or whose trace has no compute phase is kept. With ``host``, a diagnostic: each
-    row's cluster is a shared host (calibration.shared_host). With ``backlog_wait``, a diagnostic: each server
-    link's Link.backlog_wait."""
+    row's cluster is a shared host (calibration.shared_host). With a ``window`` (bytes), a diagnostic: each
+    server link's Link.window."""
     from real.calibration.cache import NotCached, offline
     from real.validation.calibration import calibrate, shared_host
     from real.validation.evaluation import compared
@@ -90,8 +91,8 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe", host: bool
         except NotCached:
             counts["not cached"] += 1
             continue
-        if backlog_wait and cluster.servers:
-            cluster = cluster.replace(server_link=dataclasses.replace(cluster.server_net, backlog_wait=backlog_wait))
+        if window is not None and cluster.servers:
+            cluster = cluster.replace(server_link=dataclasses.replace(cluster.server_net, window=window))
         if compute == "probe":
             prediction = predict(simulate(cluster, calibration.workload, scheme, steps=steps, seed=0))
         else:
@@ -105,12 +106,21 @@ def repredict(frame: pd.DataFrame, out: Path, compute: str = "probe", host: bool
     return derive(frame), counts
 
 
+def _window(text: str) -> float:
+    """``--window``'s bytes: a size of 0 or more."""
+    from syncsim.units import parse_size
+
+    window = float(parse_size(text, "--window"))
+    if not 0 <= window < math.inf:  # NaN fails too
+        raise ValueError(f"--window must be a size of 0 bytes or more, got {text!r}")
+    return window
+
+
 def main(argv: list[str] | None = None) -> int:
     from real.testbed.preemption import TAIL
     from real.validation.prediction import DRAWN
     from real.validation.summary import summary_lines
     from syncsim.arguments import ArgumentParser
-    from syncsim.cluster import MAX_BACKLOG_WAIT
 
     ap = ArgumentParser(prog="python -m real.validation.repredict", description=__doc__.splitlines()[0])
     ap.add_argument("out", help="a finished study's folder (its validation.csv and calibration/)")
@@ -122,19 +132,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="a diagnostic: each row's ranks share this machine's cores, leaving each collective as far "
                          "apart as the row's own timed collectives let them go; a parameter server's workers "
                          "sharing them as each compute starts (syncsim.host)")
-    ap.add_argument("--backlog-wait", type=float, default=0.0, metavar="W",
-                    help="a diagnostic: a parameter server's reply waits W times the mean queueing delay of the "
-                         f"pushes coming in (Link.backlog_wait, 0 to {MAX_BACKLOG_WAIT:g}; the study's: 0)")
+    ap.add_argument("--window", default=None, metavar="BYTES",
+                    help="a diagnostic: every parameter server's link takes this window (Link.window, e.g. 300kB; "
+                         "0: none) instead of the one the study read on the testbed")
     args = ap.parse_args(argv)
-    if not 0 <= args.backlog_wait <= MAX_BACKLOG_WAIT:  # NaN fails too
-        ap.error(f"--backlog-wait must be 0 to {MAX_BACKLOG_WAIT:g}, got {args.backlog_wait:g}")
+    try:
+        window = None if args.window is None else _window(args.window)
+    except ValueError as err:
+        ap.error(str(err))
     out = Path(args.out)
     if not (out / "validation.csv").is_file():
         ap.error(f"out: {out / 'validation.csv'} does not exist (run python -m studies.validation --out {out})")
-    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out, args.compute, args.host, args.backlog_wait)
+    frame, counts = repredict(pd.read_csv(out / "validation.csv"), out, args.compute, args.host, window)
     written = out / ("repredicted" + ("" if args.compute == "probe" else f"-{args.compute}")
                      + ("-host" if args.host else "")
-                     + (f"-backlog{args.backlog_wait:g}" if args.backlog_wait else "") + ".csv")
+                     + (f"-window{window:g}" if window is not None else "") + ".csv")
     frame.to_csv(written, index=False)
     print(f"re-predicted {counts['repredicted']} rows from {out / 'calibration'}; {counts['kept']} kept their "
           f"recorded prediction (with --compute drawn: their run has no compute phase of its own), "
@@ -143,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
           f"their recorded prediction too")
     if args.host:
         why = "a diagnostic that gives each row's ranks one shared host, not the study's prediction"
-    elif args.backlog_wait:
-        why = "a diagnostic that makes each server's replies wait out the pushes' queue, not the study's prediction"
+    elif window is not None:
+        why = "a diagnostic that gives each server's link a window of its own, not the study's prediction"
     elif args.compute != "probe":
         why = "a diagnostic that gives each row its run's own compute, not a prediction"
     else:

@@ -23,11 +23,11 @@ class Draws:
 
 
 def run_link(flows, bandwidth, cap=float("inf"), burst=0.0, newcomer_weight=1.0, spread=0.0, draws=(), refill=None,
-             tracks_backlog=False):
+             window=0.0):
     """Finish time of each (start, bytes) flow on a SharedLink."""
     env = simpy.Environment()
     link = SharedLink(env, bandwidth, cap=cap, burst=burst, refill=refill, newcomer_weight=newcomer_weight,
-                      sharing_spread=spread, rng=Draws(draws), tracks_backlog=tracks_backlog)
+                      sharing_spread=spread, rng=Draws(draws), window=window)
     finish = [None] * len(flows)
 
     def sender(i, start, nbytes):
@@ -165,15 +165,24 @@ def test_virtual_time_matches_brute_force(flows, bandwidth, cap):
     assert got == [approx(w, rel=1e-9, abs=1e-12) for w in want]
 
 
-# Basis: a link's backlog is bookkeeping (syncsim.network): keeping it takes the per-flow path, which must
-# finish every flow when processor sharing does, and a link that does not keep it reads an area of 0.
+# Basis: a link's own window is bookkeeping of its queue (syncsim.network): it caps only the flows of a link
+# whose acknowledgements wait in that queue (acks_via), so it takes the per-flow path, which must finish
+# every flow when processor sharing does.
 @given(st.lists(st.tuples(st.floats(0, 5), st.floats(1e3, 1e7)), min_size=1, max_size=12),
-       st.floats(1e5, 1e8), st.one_of(st.just(float("inf")), st.floats(1e5, 1e8)))
-def test_keeping_the_backlog_changes_no_flow_s_finish(flows, bandwidth, cap):
-    got = run_link(flows, bandwidth, cap, tracks_backlog=True)
+       st.floats(1e5, 1e8), st.one_of(st.just(float("inf")), st.floats(1e5, 1e8)), st.floats(1e3, 1e7))
+def test_a_window_of_its_own_changes_no_flow_s_finish(flows, bandwidth, cap, window):
+    got = run_link(flows, bandwidth, cap, window=window)
     want = reference(flows, bandwidth, cap)
     assert got == [approx(w, rel=1e-9, abs=1e-12) for w in want]
-    assert SharedLink(simpy.Environment(), bandwidth).backlog_area() == 0.0
+
+
+def test_a_cap_by_acknowledgements_needs_a_window():
+    env = simpy.Environment()
+    incoming = SharedLink(env, 1e9, window=1e5)
+    with pytest.raises(ValueError, match="acks_via .* needs a window > 0"):
+        SharedLink(env, 1e9, acks_via=incoming)
+    with pytest.raises(ValueError, match="window must be a finite number of bytes >= 0"):
+        SharedLink(env, 1e9, window=-1.0)
 
 
 def test_a_burst_passes_at_once_after_an_idle_spell():

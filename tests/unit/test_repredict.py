@@ -66,7 +66,7 @@ def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(m
     # counted, not measured, and keeps its recorded prediction.
     steps = 24
     # the server's link favours the older of two flows, so the asynchronous workers take turns and a reply
-    # meets the other's push (what Link.backlog_wait prices)
+    # meets the other's push
     cluster = Cluster.homogeneous(gpus=2, link=Link("50Mbit/s", "100us"), servers=1,
                                   server_link=Link("50Mbit/s", "100us", newcomer_weight=0.5), name="testbed")
     workload = Workload(param_bytes=4e5, compute_time=2e-3, batch_size=32, name="mlp")
@@ -120,13 +120,23 @@ def test_a_finished_study_is_predicted_again_from_its_calibration_and_its_runs(m
     drawn = predict_drawn(cluster, workload, as_run_on_gloo(async_ps.scheme), trace, steps, 2).steady
     assert got.loc[0, "predicted_step_time"] == pytest.approx(drawn.step_time, rel=1e-12)
     assert drawn.step_time != pytest.approx(want.step_time, rel=1e-3)
-    # The other diagnostic: every server link's replies wait out the pushes' queue (Link.backlog_wait); a
+    # The other diagnostic: every server link takes the window given (Link.window) instead of the study's; a
     # row without a server is predicted as before.
-    got, counts = repredict(frame, tmp_path, backlog_wait=1.0)
-    waiting = cluster.replace(server_link=dataclasses.replace(cluster.server_link, backlog_wait=1.0))
-    waited = predict(simulate(waiting, workload, as_run_on_gloo(async_ps.scheme), steps=steps, seed=0)).steady
-    assert got.loc[0, "predicted_step_time"] == pytest.approx(waited.step_time, rel=1e-12)
-    assert waited.step_time > want.step_time * 1.01  # the replies waited
+    import syncsim
+
+    simulated = []
+
+    def spy(cluster, *args, **kwargs):
+        simulated.append(cluster.server_net.window if cluster.servers else None)
+        return syncsim.simulate.__wrapped__(cluster, *args, **kwargs)
+
+    spy.__wrapped__ = syncsim.simulate
+    monkeypatch.setattr(syncsim, "simulate", spy)
+    got, counts = repredict(frame, tmp_path, window=123e3)
+    assert simulated and set(simulated) == {123e3}  # every simulation's (the fake's ring row has a server too)
+    windowed = cluster.replace(server_link=dataclasses.replace(cluster.server_link, window=123e3))
+    want = predict(spy.__wrapped__(windowed, workload, as_run_on_gloo(async_ps.scheme), steps=steps, seed=0)).steady
+    assert got.loc[0, "predicted_step_time"] == pytest.approx(want.step_time, rel=1e-12)
     assert got.loc[1, "predicted_step_time"] == pytest.approx(ring_want.step_time, rel=1e-12)
 
 
@@ -193,11 +203,13 @@ def test_a_runs_tail_slows_the_drawn_prediction_and_untailed_removes_it():
         predict_drawn(cluster, workload, scheme, clean, steps, 1, mode="sorted")
 
 
-@pytest.mark.parametrize("wait", ["-1", "11", "nan"])
-def test_the_command_refuses_a_backlog_wait_outside_0_to_10(wait, tmp_path, capsys):
+@pytest.mark.parametrize("window, message", [("-1", "--window must be a size of 0 bytes or more, got '-1'"),
+                                             ("nan", "--window 'nan' is not understood"),
+                                             ("lots", "--window 'lots' is not understood")])
+def test_the_command_refuses_a_window_that_is_not_a_size(window, message, tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main([str(tmp_path), "--backlog-wait", wait])
-    assert "--backlog-wait must be 0 to 10" in capsys.readouterr().err
+        main([str(tmp_path), "--window", window])
+    assert message in capsys.readouterr().err
 
 
 def test_repredict_names_its_compute_choices(tmp_path):

@@ -56,6 +56,10 @@ def EVEN_SHARING(*args, **kwargs) -> dict:  # noqa: N802  (a constant's stand-in
     return {"weight": 1.0, "spread": 0.0, "duplex_stretch": math.nan, "duplex_stretches": []}
 
 
+def FAKE_WINDOW(bandwidth, folder, size, prefix="sstb", repeats=5) -> dict:  # noqa: N802  (measure_window faked)
+    return {"window": 1e3 * size ** 0.5}  # differs with the size, so a test can tell which size was asked
+
+
 def test_default_grid_covers_every_scheme_kind_and_dedupes_silent_runs():
     configs = validation.grid()
     assert len(configs) >= 24 and len({c.key for c in configs}) == len(configs)
@@ -604,6 +608,7 @@ def test_all_reducing_runs_probe_their_links_over_their_own_workers_and_carry_th
     monkeypatch.setattr("real.calibration.link_probe.measure_link", measure_link)
     monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", lambda *a, **k: FAKE_COMPUTE)
     monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
+    monkeypatch.setattr("real.testbed.window.measure_window", FAKE_WINDOW)
     monkeypatch.setattr("real.calibration.server_probe.measure_server",
                         lambda *a, **k: {"push_wait": [1.0], "pull": [1.0]})
     args = validation.parse_args(["--out", str(tmp_path / "v")])
@@ -670,6 +675,7 @@ def test_a_straggler_row_probes_its_slowed_worker_and_gives_the_simulator_its_me
     _fake_links(monkeypatch)
     monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", measure_compute)
     monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
+    monkeypatch.setattr("real.testbed.window.measure_window", FAKE_WINDOW)
     args = validation.parse_args(["--out", str(tmp_path / "v")])
     cluster, workload, values = calibrate(Config("allreduce", 3, "50Mbit/s", "mlp", 3.0), args.settings)
     assert asked == [(3, 3.0), (1, 1.0)]  # and a lone rank, unslowed, for the link probe's after-work
@@ -976,6 +982,7 @@ def test_a_parameter_server_row_gets_the_server_s_own_time_per_request_from_its_
     _fake_links(monkeypatch)  # every link 5 MB/s, 0.1 ms; bucket 15 kB
     monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", lambda *a, **k: FAKE_COMPUTE)
     monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
+    monkeypatch.setattr("real.testbed.window.measure_window", FAKE_WINDOW)
     asked = []
     alpha, rate, burst, service = 1e-4, 5e6, 15_000, 0.8e-3
 
@@ -991,6 +998,33 @@ def test_a_parameter_server_row_gets_the_server_s_own_time_per_request_from_its_
     assert cluster.server_service == values["server_service"] == pytest.approx(service, rel=1e-9)
     cluster, _, values = calibrate(Config("allreduce", 2, "50Mbit/s", "mlp"), args.settings)
     assert len(asked) == 1 and cluster.server_service == values["server_service"] == 0.0  # no server, no probe
+
+
+def test_a_parameter_server_row_with_workers_gets_the_window_its_probe_read_at_the_run_s_message(monkeypatch,
+                                                                                                   tmp_path):
+    # A reply's acknowledgements wait behind the pushes coming in, so it sends a window per queueing delay
+    # (Link.window): the window is read on the testbed at the row's rate and gradient size (real.testbed.window);
+    # a lone worker's server, whose replies cross no push, and a row without a server probe nothing.
+    _fake_links(monkeypatch)
+    monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", lambda *a, **k: FAKE_COMPUTE)
+    monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
+    monkeypatch.setattr("real.calibration.server_probe.measure_server",
+                        lambda *a, **k: {"push_wait": [1.0], "pull": [1.0]})
+    asked = []
+
+    def measure_window(bandwidth, folder, size, prefix="sstb", repeats=5):
+        asked.append((bandwidth, size))
+        return FAKE_WINDOW(bandwidth, folder, size)
+
+    monkeypatch.setattr("real.testbed.window.measure_window", measure_window)
+    settings = validation.parse_args(["--out", str(tmp_path / "v")]).settings
+    for rate in ("200Mbit/s", "1Gbit/s"):
+        cluster, _, _ = calibrate(Config("ps:mode=async", 4, rate, "mlp"), settings)
+        assert cluster.server_net.window == FAKE_WINDOW(rate, None, model_bytes("mlp"))["window"]
+    assert asked == [("200Mbit/s", model_bytes("mlp")), ("1Gbit/s", model_bytes("mlp"))]
+    for config in (Config("ps", 1, "200Mbit/s", "mlp"), Config("allreduce", 4, "200Mbit/s", "mlp")):
+        cluster, _, _ = calibrate(config, settings)
+        assert len(asked) == 2 and (cluster.servers == 0 or cluster.server_net.window == 0.0)
 
 
 # -- the compressing schemes' rows ------------------------------------------------------------------------------
@@ -1469,6 +1503,7 @@ def test_the_run_s_own_collectives_are_timed_followed_by_a_lone_rank_s_work(monk
     monkeypatch.setattr("real.calibration.compute_probe.measure_scheme_compute", measure_compute)
     monkeypatch.setattr("real.calibration.link_probe.measure_link", measure_link)
     monkeypatch.setattr("real.calibration.sharing_probe.measure_sharing", EVEN_SHARING)
+    monkeypatch.setattr("real.testbed.window.measure_window", FAKE_WINDOW)
     settings = validation.parse_args(["--out", str(tmp_path / "v")]).settings
     calibrate(Config("allreduce", 4, "1Gbit/s", "mlp"), settings)
     calibrate(Config("localsgd:period=4", 4, "1Gbit/s", "mlp"), settings)
