@@ -89,7 +89,7 @@ class Link:
     """Bytes a TCP flow through the link keeps in flight at most (its sender's congestion window; or
     "256KiB"), for the parameter servers' NICs: each push holds at most a window queued at the server's
     incoming link, and a reply, whose acknowledgements wait in that queue, sends at most a window per
-    queueing delay (Jacobson, SIGCOMM 1988, the acknowledgement clock; syncsim.network; the round trip
+    queueing delay (Jacobson, SIGCOMM 1988, the acknowledgement clock; syncsim.window; the round trip
     outside the queue is left out, so a window does not cap a flow on its own). A reply crossing k pushes
     whose windows fill the queue then gets B/k, as each push does, and two replies together twice that,
     as the testbed measured (real.testbed.counterflow); real.testbed.window reads a flow's bytes in

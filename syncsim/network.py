@@ -308,7 +308,6 @@ class SharedLink:
         for done in finished:
             _resume_now(done)
 
-
     def _notify(self, now: float) -> None:
         """This link's queue has changed: the links whose acknowledgements wait in it re-read their cap."""
         for link in self._watchers:

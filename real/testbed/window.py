@@ -144,7 +144,8 @@ def measure(rate: str, size: int, pushes: int = 3, repeats: int = 10, prefix: st
     def ours(sample: Sample, role: str) -> bool:
         to = receiver if role == "reply" else server
         ports = {sample.local.rsplit(":", 1)[1], sample.peer.rsplit(":", 1)[1]}
-        return sample.peer.rsplit(":", 1)[0].endswith(to) and str(RDZV_PORT) not in ports
+        host = sample.peer.rsplit(":", 1)[0].strip("[]")  # an IPv4-mapped address prints as [::ffff:a.b.c.d]
+        return host.endswith(to) and str(RDZV_PORT) not in ports
 
     flying = {role: [s.in_flight for s in samples[role] if ours(s, role) and s.in_flight > 0] for role in ROLES}
     windows = {role: [s.cwnd for s in samples[role] if ours(s, role) and s.in_flight > 0] for role in ROLES}

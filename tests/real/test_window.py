@@ -80,7 +80,7 @@ def test_pushes_crossing_a_reply_on_the_testbed_keep_a_window_in_flight(tmp_path
     # Basis: a sender keeps at most its congestion window unacknowledged, so every sample in flight is at
     # most its own window, and a 1.7 MB transfer through a 200 Mbit/s shaper has some in flight whenever a
     # sampler looks (about 70 ms of them per trial). The study's cached form reads the same probe.
-    flight = measure("200Mbit/s", 1_724_320, pushes=2, repeats=2, prefix="sstbwt")
+    flight = measure("200Mbit/s", 1_724_320, pushes=2, repeats=3, prefix="sstbwt")
     for role in ("push", "reply"):
         assert flight.samples[role], role
     assert 1448 <= flight.window <= 4 * 1_724_320
