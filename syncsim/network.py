@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from syncsim.window import queued, window_cap
+from syncsim.window import window_cap
 
 if TYPE_CHECKING:
     import numpy as np
@@ -157,10 +157,6 @@ class SharedLink:
         if self._busy_from is None:
             return self._busy
         return self._busy + self.env.now - self._busy_from
-
-    def queued(self) -> float:
-        """Bytes queued at the link now, each flow's at most its ``window`` (0 without one; syncsim.window)."""
-        return queued(self)
 
     def rate(self, flows: int) -> float:
         """Bytes/second each of ``flows`` equally shared active flows receives: min(cap, B/n)."""

@@ -58,7 +58,7 @@ class ServerGroup:
         own = cluster.inter or cluster.intra
         sender_burst = float(own.burst) / self.k if own is not None else 0.0  # split between its k shards
         # with a window (Link.window), each push holds at most that many bytes queued at the incoming link, and
-        # each reply, its acknowledgements waiting behind them, sends at most a window per round trip
+        # each reply, its acknowledgements waiting behind them, sends at most a window per queueing delay
         window = float(net.window)  # type: ignore[arg-type]
         self.down = SharedLink(env, net.bandwidth, name="server-in", rng=np.random.default_rng([seed, _IN]),
                                sender_burst=sender_burst, window=window,

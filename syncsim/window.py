@@ -4,7 +4,7 @@ A TCP sender keeps at most its window of bytes unacknowledged, so a flow whose a
 queue for D seconds sends at most W/D (Jacobson, SIGCOMM 1988, "Congestion Avoidance and Control": the
 acknowledgement clock). A link with a window counts each flow's bytes queued at it as what its sender has sent
 (at the link's ``cap`` from its start, its bucketful at once) less what the link has passed, at most W: a
-sender with a window's worth waiting is held back (``queued``). A link whose flows' acknowledgements cross
+sender with a window's worth waiting is held back (``flow_queue``). A link whose flows' acknowledgements cross
 another link (``acks_via``: a server's replies, whose acknowledgements come back through the server's incoming
 link behind the pushes' data; Zhang, Shenker and Clark, SIGCOMM 1991, "Observations on the dynamics of a
 congestion control algorithm: the effects of two-way traffic") caps each of its flows at W·B/Q, Q that link's
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from syncsim.network import SharedLink, _Flow
 
-__all__ = ["queued", "flow_queue", "window_cap", "WINDOW_STEP"]
+__all__ = ["flow_queue", "window_cap", "WINDOW_STEP"]
 
 # A window-capped flow's cap is held for steps over which the queue its acknowledgements wait in (plus a
 # window, below which the cap does not bind) moves by at most this fraction, at its exact mean over the
@@ -36,12 +36,6 @@ __all__ = ["queued", "flow_queue", "window_cap", "WINDOW_STEP"]
 # the testbed's four-worker server rows by under 0.5 % against 0.02, at half the simulation's extra time.
 WINDOW_STEP = 0.1
 _RTOL = 1e-12  # relative rounding below which a queue has reached a level (syncsim.network's tag tolerance)
-
-
-def queued(link: SharedLink) -> float:
-    """Bytes queued at ``link`` now: each flow's sent bytes (at the link's ``cap`` from its start, its sender's
-    bucketful at once) less those passed, at most the link's ``window`` (0 unless it has one)."""
-    return sum(flow_queue(link, flow)[0] for flow in link._flows) if link.window else 0.0
 
 
 def flow_queue(link: SharedLink, flow: _Flow) -> tuple[float, float, float]:

@@ -147,9 +147,9 @@ def measure(rate: str, size: int, pushes: int = 3, repeats: int = 10, prefix: st
         host = sample.peer.rsplit(":", 1)[0].strip("[]")  # an IPv4-mapped address prints as [::ffff:a.b.c.d]
         return host.endswith(to) and str(RDZV_PORT) not in ports
 
-    flying = {role: [s.in_flight for s in samples[role] if ours(s, role) and s.in_flight > 0] for role in ROLES}
-    windows = {role: [s.cwnd for s in samples[role] if ours(s, role) and s.in_flight > 0] for role in ROLES}
-    return InFlight(rate, size, pushes, flying, windows)
+    sending = {role: [s for s in samples[role] if ours(s, role) and s.in_flight > 0] for role in ROLES}
+    return InFlight(rate, size, pushes, {role: [s.in_flight for s in kept] for role, kept in sending.items()},
+                    {role: [s.cwnd for s in kept] for role, kept in sending.items()})
 
 
 def measure_window(bandwidth: str, folder: Path, size: float, prefix: str = "sstb",
@@ -157,8 +157,9 @@ def measure_window(bandwidth: str, folder: Path, size: float, prefix: str = "sst
     """The window of flows of ``size`` bytes at ``bandwidth``: three pushes against a reply (``measure``),
     cached under ``folder`` (real.calibration.cache); {"window": bytes, "samples", "windows"}."""
     from real.calibration.cache import cached, slug
+    from real.calibration.messages import wire_bytes
 
-    size = max(4, int(size) // 4 * 4)
+    size = wire_bytes(size, "fp32")  # the ranks send it as a float32 tensor
 
     def probe() -> dict:
         flight = measure(bandwidth, size, 3, repeats, prefix=prefix)
